@@ -1,0 +1,47 @@
+# The two front-door commands (README): `make run` and `make test`.
+# Both create .venv and install what they need; a stamp file skips the install
+# when pyproject.toml has not changed.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DATA   ?= ../shared/data
+PORT   ?= 8000
+
+.PHONY: venv run demo test test-fast lint results bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first and exactly pinned, so nothing resolves the CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## The main job: the service on the bundled checkpoint (embedded store unless DYGSERVE_REDIS_URL is set).
+run: $(STAMP)
+	$(BIN)/dygserve serve --port $(PORT)
+
+## A small end-to-end model demo on UCI (train a tiny model, score, check step/scan parity).
+demo: $(STAMP)
+	$(BIN)/python -m model.demo --data $(DATA)/uci/edges.csv.gz
+
+## The whole test suite (CI runs exactly this).
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra
+
+lint: $(STAMP)
+	$(BIN)/ruff check model service state_store loadtests tests
+
+## Train and evaluate on the five datasets and rewrite docs/RESULTS.md (long: hours on 2 cores).
+results: $(STAMP)
+	$(BIN)/python -m model.results --data $(DATA) --out runs/results --doc docs/RESULTS.md
+
+## Benchmarks: store, service load, cached vs recompute; rewrites docs/BENCHMARKS.md.
+bench: $(STAMP)
+	$(BIN)/dygserve bench all --doc docs/BENCHMARKS.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis runs

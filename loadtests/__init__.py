@@ -1,0 +1,1 @@
+"""dygserve loadtests package."""

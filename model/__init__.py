@@ -1,0 +1,1 @@
+"""The causal streaming DyG-Mamba model: encoders, SSM layer, node state, checkpoints, data."""

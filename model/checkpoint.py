@@ -1,0 +1,142 @@
+"""Checkpoints: ``config.json`` + ``weights.safetensors`` (+ ``checksums.json``). Never pickle.
+
+* The model version is the first 16 hex digits of sha256 over the canonical
+  config JSON, the bytes of ``weights.safetensors`` and STATE_FORMAT_VERSION.
+  Nothing else in the folder counts (metrics, plots, checksums).
+* ``checksums.json`` records the sha256 of both files and the version; loading
+  refuses a checkpoint whose files do not match it, or whose tensors do not have
+  the names and shapes the config implies, with a message that says which.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import ModelConfig
+from .link_model import DygMambaLinkModel
+from .node_state import STATE_FORMAT_VERSION
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "weights.safetensors"
+CHECKSUMS_FILE = "checksums.json"
+METRICS_FILE = "metrics.json"
+CHECKPOINT_FORMAT = "dygserve-checkpoint/1"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be trusted or does not fit this code."""
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    path: Path
+    config: ModelConfig
+    model: DygMambaLinkModel
+    version: str
+    metrics: dict[str, Any]
+
+
+def canonical_json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def model_version(config_doc: dict[str, Any], weights: bytes) -> str:
+    h = hashlib.sha256()
+    h.update(canonical_json(config_doc))
+    h.update(weights)
+    h.update(str(STATE_FORMAT_VERSION).encode())
+    return h.hexdigest()[:16]
+
+
+def save_checkpoint(
+    directory: str | Path, model: DygMambaLinkModel, metrics: dict[str, Any] | None = None
+) -> str:
+    """Write the checkpoint; returns its model version."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"format": CHECKPOINT_FORMAT, "model": model.config.model_dump(mode="json")}
+    config_bytes = json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": CHECKPOINT_FORMAT})
+    weights = (out / WEIGHTS_FILE).read_bytes()
+    (out / CONFIG_FILE).write_bytes(config_bytes)
+    version = model_version(doc, weights)
+    checksums = {
+        CONFIG_FILE: _sha256(config_bytes),
+        WEIGHTS_FILE: _sha256(weights),
+        "model_version": version,
+    }
+    (out / CHECKSUMS_FILE).write_text(json.dumps(checksums, indent=2, sort_keys=True) + "\n")
+    if metrics is not None:
+        (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return version
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"checkpoint file missing: {path}") from exc
+
+
+def load_checkpoint(directory: str | Path) -> LoadedCheckpoint:
+    path = Path(directory)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory not found: {path}")
+    config_bytes = _read(path / CONFIG_FILE)
+    weights = _read(path / WEIGHTS_FILE)
+    try:
+        checksums = json.loads(_read(path / CHECKSUMS_FILE))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{CHECKSUMS_FILE} is not valid JSON: {exc}") from exc
+    for name, data in ((CONFIG_FILE, config_bytes), (WEIGHTS_FILE, weights)):
+        if checksums.get(name) != _sha256(data):
+            raise CheckpointError(f"{name} does not match its sha256 in {CHECKSUMS_FILE}: tampered or truncated")
+    try:
+        doc = json.loads(config_bytes)
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{CONFIG_FILE} is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{CONFIG_FILE} is not a {CHECKPOINT_FORMAT} config")
+    version = model_version(doc, weights)
+    if checksums.get("model_version") != version:
+        raise CheckpointError(f"model version {version} does not match {CHECKSUMS_FILE}")
+    try:
+        config = ModelConfig.model_validate(doc["model"])
+    except Exception as exc:  # pydantic's ValidationError, missing key
+        raise CheckpointError(f"invalid model config: {exc}") from exc
+    model = DygMambaLinkModel(config)
+    try:
+        tensors = load_file(str(path / WEIGHTS_FILE))
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{WEIGHTS_FILE} is not a readable safetensors file: {exc}") from exc
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing or extra:
+        raise CheckpointError(f"weights do not fit the config: missing {missing[:5]}, unexpected {extra[:5]}")
+    for name, tensor in tensors.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape) or tensor.dtype != expected[name].dtype:
+            raise CheckpointError(
+                f"tensor {name!r} has shape {tuple(tensor.shape)} {tensor.dtype}, "
+                f"the config implies {tuple(expected[name].shape)} {expected[name].dtype}"
+            )
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise CheckpointError(f"tensor {name!r} holds non-finite values")
+    model.load_state_dict(tensors)
+    model.eval()
+    metrics_path = path / METRICS_FILE
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+    return LoadedCheckpoint(path=path, config=config, model=model, version=version, metrics=metrics)

@@ -1,0 +1,69 @@
+"""Model configuration: everything that fixes the shapes and semantics of a checkpoint.
+
+The config is saved as ``config.json`` beside ``weights.safetensors``. Fields that
+are *fitted* on the training split (the time normalisation) live here too, so a
+checkpoint is self-contained and the serve path never looks at training data.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TimeEncoderKind = Literal["linear", "sinusoidal", "both"]
+
+
+class TimeNormalisation(BaseModel):
+    """How a raw time span (gap, in the dataset's unit) is standardised.
+
+    ``scale`` is the unit of the decay step (Delta_dec = softplus(lam) * gap / scale).
+    ``log_mean``/``log_std`` standardise ``log1p(gap / scale)`` for the linear encoder:
+    gaps are heavy-tailed, so standardising the raw gap would squash almost every
+    event to the same value.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    scale: float = Field(1.0, gt=0)
+    log_mean: float = 0.0
+    log_std: float = Field(1.0, gt=0)
+
+
+class ModelConfig(BaseModel):
+    """Shapes and choices of the causal DyG-Mamba node encoder and link head."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    edge_feature_dim: int = Field(0, ge=0, description="length of each event's feature vector")
+    d_model: int = Field(32, ge=4, description="width of the token / residual stream")
+    expand: int = Field(2, ge=1)
+    d_state: int = Field(16, ge=1)
+    d_conv: int = Field(4, ge=1, description="causal depthwise conv kernel over event index")
+    n_layers: int = Field(1, ge=1)
+    time_encoder: TimeEncoderKind = "both"
+    d_time: int = Field(16, ge=1)
+    node_hash_buckets: int = Field(
+        1024, ge=0, description="hashed embedding of the other endpoint's id (0 = off)"
+    )
+    d_node: int = Field(16, ge=1)
+    neighbour_list_len: int = Field(32, ge=1, description="L: recent neighbours kept per node")
+    d_out: int = Field(32, ge=1, description="width of a node's read-out vector")
+    head_hidden: int = Field(64, ge=1)
+    use_state: bool = Field(True, description="ablation switch: SSM node states in the head")
+    use_pair_features: bool = Field(True, description="ablation switch: pair/activity features")
+    time_norm: TimeNormalisation = TimeNormalisation()
+
+    @property
+    def d_inner(self) -> int:
+        return self.expand * self.d_model
+
+    @model_validator(mode="after")
+    def _something_to_score(self) -> ModelConfig:
+        if not (self.use_state or self.use_pair_features):
+            raise ValueError("at least one of use_state / use_pair_features must be on")
+        return self
+
+    def with_updates(self, **changes: object) -> ModelConfig:
+        """A validated copy with some fields changed (model_copy skips validation)."""
+        return ModelConfig.model_validate({**self.model_dump(), **changes})

@@ -1,0 +1,166 @@
+"""The causal DyG-Mamba link model: event tokens, stacked SSM layers, read-out, head.
+
+An event (u, v, t, e) gives each endpoint one token built from the *other*
+endpoint's hashed-id embedding, the endpoint's role (source or destination), the
+edge features and the encoded span since the endpoint's previous event. A token
+never reads another node's state, so updates of different nodes are independent.
+
+A query (u, v, tau) decays each node's state to tau with zero input, reads it out
+with a linear map of the decayed states, and feeds both read-outs plus the pair
+features (``pair_features``) to an MLP head. Scoring never writes state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .node_state import NodeStates
+from .pair_features import PAIR_FEATURE_DIM
+from .ssm import LayerState, SelectiveSSMLayer, gap_units
+from .time_encoding import make_time_encoder
+
+ROLE_SRC, ROLE_DST = 0, 1
+
+
+@dataclass
+class EventInputs:
+    """The per-endpoint inputs of events, for a batch of nodes (shape (N,) or (N, T))."""
+
+    other_key: torch.Tensor  # int64 key of the other endpoint
+    role: torch.Tensor  # int64: ROLE_SRC or ROLE_DST
+    features: torch.Tensor  # float32 (..., edge_feature_dim)
+    t: torch.Tensor  # float64 event times
+    seq: torch.Tensor  # int64 log sequence numbers
+
+
+class DygMambaLinkModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.time_encoder = make_time_encoder(c)
+        self.node_embedding = nn.Embedding(c.node_hash_buckets, c.d_node) if c.node_hash_buckets else None
+        token_in = c.d_time + c.edge_feature_dim + 2 + (c.d_node if c.node_hash_buckets else 0)
+        self.token_proj = nn.Linear(token_in, c.d_model)
+        self.layers = nn.ModuleList(
+            SelectiveSSMLayer(c.d_model, c.d_inner, c.d_state, c.d_conv, c.d_time) for _ in range(c.n_layers)
+        )
+        head_in = 0
+        if c.use_state:
+            self.readout = nn.Sequential(
+                nn.Linear(c.n_layers * c.d_inner * c.d_state, c.d_out), nn.LayerNorm(c.d_out)
+            )
+            head_in += 3 * c.d_out
+        if c.use_pair_features:
+            head_in += PAIR_FEATURE_DIM
+        self.head = nn.Sequential(
+            nn.Linear(head_in, c.head_hidden),
+            nn.ReLU(),
+            nn.Linear(c.head_hidden, c.head_hidden),
+            nn.ReLU(),
+            nn.Linear(c.head_hidden, 1),
+        )
+
+    # ----- tokens --------------------------------------------------------------------
+    def tokens(
+        self, ev: EventInputs, gap: torch.Tensor, first: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token residual stream, gap in units and encoded gap for events of any shape."""
+        phi = self.time_encoder(gap)
+        parts = [phi, ev.features.to(torch.float32), ev.role.to(torch.float32).unsqueeze(-1), first.to(torch.float32).unsqueeze(-1)]
+        if self.node_embedding is not None:
+            parts.append(self.node_embedding(torch.remainder(ev.other_key, self.config.node_hash_buckets)))
+        r = self.token_proj(torch.cat(parts, dim=-1))
+        return r, gap_units(gap, self.config.time_norm.scale), phi
+
+    @staticmethod
+    def _gap(t: torch.Tensor, t_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gap since the previous event (float64) and a "first event" flag; 0 when first."""
+        first = ~torch.isfinite(t_prev)
+        gap = torch.where(first, torch.zeros_like(t), t.to(torch.float64) - torch.where(first, t, t_prev))
+        return gap, first
+
+    # ----- one event per node ----------------------------------------------------------
+    def step(self, states: NodeStates, ev: EventInputs) -> NodeStates:
+        """Apply one event to each of N nodes (ev fields shaped (N,))."""
+        gap, first = self._gap(ev.t, states.t_last)
+        r, g, phi = self.tokens(ev, gap, first)
+        hs, convs = [], []
+        for i, layer in enumerate(self.layers):
+            r, new = layer.step(LayerState(states.h[:, i], states.conv[:, i]), r, g, phi)
+            hs.append(new.h)
+            convs.append(new.conv)
+        return NodeStates(
+            h=torch.stack(hs, dim=1),
+            conv=torch.stack(convs, dim=1),
+            t_last=ev.t.to(torch.float64),
+            last_seq=ev.seq.to(torch.int64),
+            n_events=states.n_events + 1,
+        )
+
+    # ----- padded sequences ------------------------------------------------------------
+    def scan(
+        self, states0: NodeStates, ev: EventInputs, lengths: torch.Tensor, return_states: bool = False, chunk: int = 16
+    ) -> tuple[NodeStates, torch.Tensor | None]:
+        """Apply up to T events per node (ev fields shaped (N, T), padded past ``lengths``).
+
+        Returns the final states and, if asked, the SSM state after every position,
+        (N, T, n_layers, d_inner, d_state), for exact-visibility scoring in training.
+        """
+        n, t_len = ev.t.shape
+        t = ev.t.to(torch.float64)
+        prev = torch.cat([states0.t_last.unsqueeze(1), t[:, :-1]], dim=1)
+        gap, first = self._gap(t, prev)
+        r, g, phi = self.tokens(ev, gap, first)
+        hs, convs, per_pos = [], [], []
+        for i, layer in enumerate(self.layers):
+            res = layer.scan(LayerState(states0.h[:, i], states0.conv[:, i]), r, g, phi, lengths, chunk, return_states)
+            r = res.outputs
+            hs.append(res.final.h)
+            convs.append(res.final.conv)
+            if return_states:
+                per_pos.append(res.states)
+        last = (lengths - 1).clamp(min=0).unsqueeze(1)
+        has = lengths > 0
+        final = NodeStates(
+            h=torch.stack(hs, dim=1),
+            conv=torch.stack(convs, dim=1),
+            t_last=torch.where(has, t.gather(1, last).squeeze(1), states0.t_last),
+            last_seq=torch.where(has, ev.seq.gather(1, last).squeeze(1), states0.last_seq),
+            n_events=states0.n_events + lengths,
+        )
+        return final, (torch.stack(per_pos, dim=2) if return_states else None)
+
+    # ----- queries -----------------------------------------------------------------------
+    def decay(self, h: torch.Tensor, t_last: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+        """Zero-input evolution of stacked states h (N, n_layers, di, ds) from t_last to tau.
+
+        A query earlier than t_last is clamped to t_last (gap 0): scoring never rewinds.
+        """
+        has = torch.isfinite(t_last)
+        gap = torch.where(has, (tau.to(torch.float64) - torch.where(has, t_last, tau)).clamp(min=0.0), 0.0)
+        g = gap_units(gap, self.config.time_norm.scale)
+        return torch.stack([layer.decay(h[:, i], g) for i, layer in enumerate(self.layers)], dim=1)
+
+    def node_readout(self, h: torch.Tensor, t_last: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+        return self.readout(self.decay(h, t_last, tau).flatten(1))
+
+    def head_logit(self, z_u: torch.Tensor | None, z_v: torch.Tensor | None, pair: torch.Tensor | None) -> torch.Tensor:
+        parts = []
+        if self.config.use_state:
+            parts += [z_u, z_v, z_u * z_v]
+        if self.config.use_pair_features:
+            parts.append(pair)
+        return self.head(torch.cat(parts, dim=-1)).squeeze(-1)
+
+    def score_states(
+        self, su: NodeStates, sv: NodeStates, tau: torch.Tensor, pair: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Logits for N pairs from their (cached) states at query times tau."""
+        z_u = self.node_readout(su.h, su.t_last, tau) if self.config.use_state else None
+        z_v = self.node_readout(sv.h, sv.t_last, tau) if self.config.use_state else None
+        return self.head_logit(z_u, z_v, pair)

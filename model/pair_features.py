@@ -1,0 +1,83 @@
+"""Pair and node-activity features for the link head, from recent-neighbour lists.
+
+Each node keeps its last L neighbours with their times (oldest first, padded with
+key -1). For a query (u, v, tau) the features use only neighbours with time < tau,
+so a query never sees events at or after its own time:
+
+* how often v appears in u's list and u in v's list (repeat-edge signal),
+* the common-neighbour mass sum_w min(cnt_u[w], cnt_v[w]) (DyGFormer co-occurrence),
+* the recency of the last u-v interaction (standardised log-span, and a "never" flag),
+* each node's list fill and total applied events (activity), and the standardised
+  log-span since each node's last event.
+
+All counts enter as log1p. The same function runs in the trainer and the service.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import TimeNormalisation
+from .time_encoding import standardised_log_span
+
+PAIR_FEATURE_DIM = 11
+PAD_KEY = -1
+
+
+def pair_features(
+    key_u: torch.Tensor,  # (N,) int64
+    key_v: torch.Tensor,  # (N,) int64
+    tau: torch.Tensor,  # (N,) float64 query times
+    nbr_u: torch.Tensor,  # (N, L) int64 neighbour keys of u, PAD_KEY where empty
+    nbr_t_u: torch.Tensor,  # (N, L) float64
+    nbr_v: torch.Tensor,
+    nbr_t_v: torch.Tensor,
+    n_events_u: torch.Tensor,  # (N,) int64 applied events (all history, not only the list)
+    n_events_v: torch.Tensor,
+    t_last_u: torch.Tensor,  # (N,) float64, -inf when none
+    t_last_v: torch.Tensor,
+    norm: TimeNormalisation,
+) -> torch.Tensor:
+    tau_col = tau.to(torch.float64).unsqueeze(1)
+    ok_u = (nbr_u != PAD_KEY) & (nbr_t_u < tau_col)
+    ok_v = (nbr_v != PAD_KEY) & (nbr_t_v < tau_col)
+    okf_u, okf_v = ok_u.to(torch.float32), ok_v.to(torch.float32)
+
+    v_in_u = (nbr_u == key_v.unsqueeze(1)) & ok_u
+    u_in_v = (nbr_v == key_u.unsqueeze(1)) & ok_v
+    cnt_v_in_u = v_in_u.sum(1).to(torch.float32)
+    cnt_u_in_v = u_in_v.sum(1).to(torch.float32)
+
+    # Common-neighbour mass: for each slot of u, how many valid slots of v hold the
+    # same key; sum_w min(cu[w], cv[w]) = sum over u-slots of min(1, cv[w] / cu[w]).
+    same = (nbr_u.unsqueeze(2) == nbr_v.unsqueeze(1)) & ok_u.unsqueeze(2) & ok_v.unsqueeze(1)
+    cv_at_u = same.sum(2).to(torch.float32)  # cnt_v[w] at each u-slot
+    cu_at_u = ((nbr_u.unsqueeze(2) == nbr_u.unsqueeze(1)) & ok_u.unsqueeze(2) & ok_u.unsqueeze(1)).sum(2)
+    common = (torch.minimum(cv_at_u, cu_at_u.to(torch.float32)) / cu_at_u.clamp(min=1)).mul(okf_u).sum(1)
+
+    # Recency of the last u-v interaction seen from either side.
+    neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
+    last_uv = torch.maximum(
+        torch.where(v_in_u, nbr_t_u, neg_inf).amax(1), torch.where(u_in_v, nbr_t_v, neg_inf).amax(1)
+    )
+    seen = torch.isfinite(last_uv)
+    recency = torch.where(seen, standardised_log_span(tau - torch.where(seen, last_uv, tau), norm), 0.0)
+
+    def since_last(t_last: torch.Tensor) -> torch.Tensor:
+        has = torch.isfinite(t_last)
+        return torch.where(has, standardised_log_span(tau - torch.where(has, t_last, tau), norm), 0.0)
+
+    feats = [
+        torch.log1p(cnt_v_in_u),
+        torch.log1p(cnt_u_in_v),
+        torch.log1p(common),
+        recency,
+        seen.to(torch.float32),
+        torch.log1p(okf_u.sum(1)),
+        torch.log1p(okf_v.sum(1)),
+        torch.log1p(n_events_u.to(torch.float32)),
+        torch.log1p(n_events_v.to(torch.float32)),
+        since_last(t_last_u),
+        since_last(t_last_v),
+    ]
+    return torch.stack(feats, dim=1)

@@ -1,0 +1,205 @@
+"""The continuous-time selective SSM layer of DyG-Mamba, in causal streaming form.
+
+One layer carries, per node, the SSM state ``h`` (d_inner x d_state) and the tail of
+its causal depthwise conv (the last d_conv-1 *pre-conv* inputs, d_inner x (d_conv-1)).
+For an event with token ``r`` (d_model) and time span ``g`` since the node's previous
+event (in units of the fitted scale), one step is::
+
+    x, z   = split(W_in RMSNorm(r))
+    xc     = SiLU(depthwise_conv([tail, x]) + b_conv)          # conv over event index
+    B, C   = W_B xc, W_C xc                                     # selective (data-dependent)
+    d_dec  = softplus(lam) * g                                  # decay step: LINEAR in the gap
+    d_in   = softplus(W_dt phi(g) + b_dt)                       # input step: time-encoded gap
+    h     <- exp(A * d_dec) * h + (d_in * xc) (x) B              # A = -exp(A_log) < 0, S4D-real
+    y      = h C + D * xc ;   r <- r + W_out(y * SiLU(z))
+
+The decay is linear in the gap, so decaying by a then by b equals decaying by a+b
+(``decay``), and a zero-gap event still adds input through ``d_in`` > 0.
+
+Two entry points over the same parameters:
+
+* ``step``: one event for each of a batch of nodes (the serving hot path).
+* ``scan``: padded per-node event sequences from a given initial state. It is a
+  genuinely different computation from folding ``step``: the conv runs as one
+  grouped ``conv1d`` over [tail, x], and the recurrence is evaluated in chunks in
+  closed form, ``h_t = exp(A G(-1,t)) h_0 + sum_s exp(A G(s,t)) u_s`` with the
+  segment sums ``G(s,t)`` of the gaps built by a masked cumulative sum (no
+  subtraction of large prefix sums, so huge gaps do not cancel precision).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Gaps (in units of the fitted scale) are clamped here: exp(A * lam * 1e30) is 0
+# already, and an infinite gap would turn 0 * inf into NaN in the scan.
+MAX_GAP_UNITS = 1e30
+
+
+@dataclass
+class LayerState:
+    """Per-node state of one layer, batched over nodes."""
+
+    h: torch.Tensor  # (N, d_inner, d_state) float32
+    conv: torch.Tensor  # (N, d_inner, d_conv - 1) float32: pre-conv inputs, oldest first
+
+
+@dataclass
+class ScanResult:
+    outputs: torch.Tensor  # (N, T, d_model): the residual stream after this layer
+    final: LayerState  # state after each node's last valid position
+    states: torch.Tensor | None  # (N, T, d_inner, d_state) state after every position, if asked
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def gap_units(gap: torch.Tensor, scale: float) -> torch.Tensor:
+    """A float64 gap in the dataset's unit -> float32 gap in units of ``scale``, clamped.
+
+    The division happens in float64 (timestamps are float64 end to end); the cast to
+    float32 comes only after the gap exists.
+    """
+    g = torch.clamp(gap.to(torch.float64) / scale, min=0.0, max=MAX_GAP_UNITS)
+    return g.to(torch.float32)
+
+
+class SelectiveSSMLayer(nn.Module):
+    def __init__(self, d_model: int, d_inner: int, d_state: int, d_conv: int, d_time: int) -> None:
+        super().__init__()
+        self.d_model, self.d_inner, self.d_state, self.d_conv = d_model, d_inner, d_state, d_conv
+        self.norm = RMSNorm(d_model)
+        self.in_proj = nn.Linear(d_model, 2 * d_inner, bias=False)
+        self.conv_weight = nn.Parameter(torch.empty(d_inner, d_conv))
+        self.conv_bias = nn.Parameter(torch.zeros(d_inner))
+        self.x_proj = nn.Linear(d_inner, 2 * d_state, bias=False)
+        self.dt_proj = nn.Linear(d_time, d_inner)
+        self.decay_rate = nn.Parameter(torch.empty(d_inner))  # lam: softplus(lam) per channel
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1, dtype=torch.float32)).repeat(d_inner, 1))
+        self.D = nn.Parameter(torch.ones(d_inner))
+        self.out_proj = nn.Linear(d_inner, d_model, bias=False)
+        self._init_parameters()
+
+    def _init_parameters(self) -> None:
+        nn.init.uniform_(self.conv_weight, -1.0 / math.sqrt(self.d_conv), 1.0 / math.sqrt(self.d_conv))
+        # Mamba's dt init: softplus(b_dt) log-uniform in [1e-3, 1e-1].
+        dt = torch.exp(torch.rand(self.d_inner) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        with torch.no_grad():
+            self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+            nn.init.normal_(self.dt_proj.weight, std=0.02)
+            # Decay rates log-uniform in [0.01, 1] per unit of the fitted scale: some
+            # channels remember across many typical gaps, some forget within one.
+            lam = torch.exp(torch.rand(self.d_inner) * math.log(100.0) + math.log(0.01))
+            self.decay_rate.copy_(lam + torch.log(-torch.expm1(-lam)))
+
+    # ----- shared pieces -------------------------------------------------------------
+    def log_decay_rate(self) -> torch.Tensor:
+        """A * softplus(lam): (d_inner, d_state), all < 0. Log-decay per gap unit."""
+        return -torch.exp(self.A_log) * F.softplus(self.decay_rate).unsqueeze(-1)
+
+    def initial_state(self, n: int, device: torch.device | None = None) -> LayerState:
+        return LayerState(
+            h=torch.zeros(n, self.d_inner, self.d_state, device=device),
+            conv=torch.zeros(n, self.d_inner, self.d_conv - 1, device=device),
+        )
+
+    def decay(self, h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """Zero-input evolution of ``h`` (N, d_inner, d_state) over gaps ``g`` (N,) in units."""
+        return torch.exp(self.log_decay_rate() * g[:, None, None]) * h
+
+    # ----- one event per node ----------------------------------------------------------
+    def step(
+        self, state: LayerState, r: torch.Tensor, g: torch.Tensor, phi: torch.Tensor
+    ) -> tuple[torch.Tensor, LayerState]:
+        """Apply one event to each node.
+
+        r: (N, d_model) residual stream of the event token; g: (N,) gap in units;
+        phi: (N, d_time) encoded gap. Returns the new residual stream and state.
+        """
+        x, z = self.in_proj(self.norm(r)).chunk(2, dim=-1)
+        window = torch.cat([state.conv, x.unsqueeze(-1)], dim=-1)  # (N, d_inner, d_conv)
+        xc = F.silu((window * self.conv_weight).sum(-1) + self.conv_bias)
+        b, c = self.x_proj(xc).split(self.d_state, dim=-1)
+        d_in = F.softplus(self.dt_proj(phi))
+        h = self.decay(state.h, g) + (d_in * xc).unsqueeze(-1) * b.unsqueeze(1)
+        y = (h * c.unsqueeze(1)).sum(-1) + self.D * xc
+        out = r + self.out_proj(y * F.silu(z))
+        return out, LayerState(h=h, conv=window[:, :, 1:])
+
+    # ----- padded sequences ------------------------------------------------------------
+    def scan(
+        self,
+        state0: LayerState,
+        r: torch.Tensor,
+        g: torch.Tensor,
+        phi: torch.Tensor,
+        lengths: torch.Tensor,
+        chunk: int = 16,
+        return_states: bool = False,
+    ) -> ScanResult:
+        """Run ``T`` padded events per node from ``state0``.
+
+        r: (N, T, d_model); g: (N, T) gaps in units; phi: (N, T, d_time);
+        lengths: (N,) number of valid events per node (positions >= length are padding
+        and leave the state unchanged).
+        """
+        n, t_len, _ = r.shape
+        valid = torch.arange(t_len, device=r.device).unsqueeze(0) < lengths.unsqueeze(1)  # (N, T)
+        x, z = self.in_proj(self.norm(r)).chunk(2, dim=-1)  # (N, T, d_inner)
+
+        # Causal depthwise conv over [tail, x] in one grouped conv1d.
+        seq = torch.cat([state0.conv, x.transpose(1, 2)], dim=-1)  # (N, d_inner, k-1+T)
+        conv = F.conv1d(seq, self.conv_weight.unsqueeze(1), self.conv_bias, groups=self.d_inner)
+        xc = F.silu(conv.transpose(1, 2))  # (N, T, d_inner)
+        # New tail: the k-1 pre-conv inputs ending at each node's last valid event.
+        k1 = self.d_conv - 1
+        idx = lengths.view(n, 1, 1) + torch.arange(k1, device=r.device).view(1, 1, k1)
+        tail = torch.gather(seq, 2, idx.expand(n, self.d_inner, k1))
+
+        b, c = self.x_proj(xc).split(self.d_state, dim=-1)  # (N, T, d_state)
+        d_in = F.softplus(self.dt_proj(phi))
+        vmask = valid.to(xc.dtype)
+        u = ((d_in * xc) * vmask.unsqueeze(-1)).unsqueeze(-1) * b.unsqueeze(2)  # (N,T,di,ds)
+        g = g * vmask  # padding: zero gap, zero input -> identity
+
+        rate = self.log_decay_rate()  # (di, ds)
+        h = state0.h
+        ys, all_states = [], []
+        for start in range(0, t_len, chunk):
+            stop = min(start + chunk, t_len)
+            q = stop - start
+            gq = g[:, start:stop]  # (N, q)
+            # seg[n, t, s] = sum_{j=s+1..t} g_j for s <= t, built by a masked cumsum of
+            # gq[j] over j for each s (no difference of prefix sums).
+            lower = torch.tril(torch.ones(q, q, dtype=torch.bool, device=r.device), diagonal=-1)
+            contrib = gq.unsqueeze(-1).expand(n, q, q) * lower  # [n, j, s] = g_j if j > s
+            seg = torch.cumsum(contrib, dim=1)  # [n, t, s]
+            from_init = torch.cumsum(gq, dim=1)  # sum_{j<=t} g_j
+            causal = torch.tril(torch.ones(q, q, dtype=torch.bool, device=r.device))
+            kernel = torch.exp(rate.view(1, 1, 1, *rate.shape) * seg.view(n, q, q, 1, 1))
+            kernel = kernel * causal.view(1, q, q, 1, 1)  # (N, t, s, di, ds)
+            hq = torch.einsum("ntsij,nsij->ntij", kernel, u[:, start:stop])
+            hq = hq + torch.exp(rate * from_init.view(n, q, 1, 1)) * h.unsqueeze(1)
+            ys.append((hq * c[:, start:stop].unsqueeze(2)).sum(-1) + self.D * xc[:, start:stop])
+            if return_states:
+                all_states.append(hq)
+            h = hq[:, -1]
+        y = torch.cat(ys, dim=1) if ys else xc[:, :0]
+        out = r + self.out_proj(y * F.silu(z))
+        return ScanResult(
+            outputs=out,
+            final=LayerState(h=h, conv=tail),
+            states=torch.cat(all_states, dim=1) if return_states and all_states else None,
+        )

@@ -1,0 +1,1 @@
+"""dygserve state_store package."""

@@ -1,0 +1,123 @@
+"""The state-store interface (after Feast's online store: one small interface, one
+config per backend).
+
+Three kinds of data, with different keys and lifetimes:
+
+* **Node state blobs** (``model.node_state``): one per node *and model version*;
+  the only keys that may carry a TTL, so ``volatile-*`` eviction never touches the
+  log. A missing blob for a node that has history is a *cold* node.
+* **The event log**: the source of truth. Appending is one atomic step per batch:
+  de-duplicate by event id (ids remembered for a TTL window), refuse events older
+  than the last *logged* event of either endpoint (the late policy), assign
+  increasing sequence numbers, and append each event to the global log and to the
+  capped per-node history of both endpoints. Because the late check and the
+  per-node append are atomic with the sequence assignment, each node's history is
+  sorted by (t, seq), and an applier that applies "every history event after the
+  node's watermark" can never skip an event that another writer logged first.
+* **Pending set**: sequences logged but not yet applied to both endpoints; the
+  service re-drives them on start and after a failed apply.
+
+Writes of state blobs are compare-and-set on the watermark (t_last, last_seq) held
+in the blob header: a write succeeds only if the stored blob still has the
+watermark the writer read (or is still absent). A loser re-reads and re-applies.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LoggedEvent:
+    """An event as kept in the log and in node histories."""
+
+    seq: int
+    src: str
+    dst: str
+    t: float
+    features: tuple[float, ...] = ()
+    event_id: str = ""
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """An event to append (validated already: finite t, right feature length)."""
+
+    src: str
+    dst: str
+    t: float
+    features: tuple[float, ...] = ()
+    event_id: str | None = None  # None: the store assigns a unique id
+
+
+@dataclass
+class AppendResult:
+    """Per input event, in input order: the assigned seq, or why it was not logged."""
+
+    seqs: list[int | None]  # None where not logged
+    duplicates: list[int] = field(default_factory=list)  # input indices seen before
+    late: list[tuple[int, str]] = field(default_factory=list)  # (index, reason)
+
+
+@dataclass
+class WriteOutcome:
+    written: list[str]  # node ids whose blob was written
+    conflicts: list[str]  # node ids whose stored watermark changed since it was read
+
+
+class StateStore(abc.ABC):
+    """Every method is one round trip (or one per cluster slot), whatever the batch size."""
+
+    # ---- state blobs (namespaced by model version) ----
+    @abc.abstractmethod
+    def read_states(self, version: str, nodes: list[str]) -> list[bytes | None]: ...
+
+    @abc.abstractmethod
+    def write_states(
+        self, version: str, blobs: dict[str, bytes], expected: dict[str, tuple[float, int] | None]
+    ) -> WriteOutcome:
+        """Compare-and-set: write ``blobs[n]`` only where the stored watermark equals
+        ``expected[n]`` (None = no blob stored)."""
+
+    @abc.abstractmethod
+    def delete_states(self, version: str, nodes: list[str]) -> int: ...
+
+    # ---- event log ----
+    @abc.abstractmethod
+    def append_events(self, events: list[NewEvent]) -> AppendResult: ...
+
+    @abc.abstractmethod
+    def read_histories(
+        self, nodes: list[str], after_seq: list[int] | None = None, limit: int | None = None
+    ) -> list[list[LoggedEvent]]:
+        """Each node's history (oldest first), only events with seq > after_seq[i]
+        if given, at most the newest ``limit`` events if given."""
+
+    @abc.abstractmethod
+    def read_neighbours(self, nodes: list[str], length: int) -> tuple[list[list[str]], np.ndarray]:
+        """Last ``length`` neighbours of each node: ids (oldest first) and a
+        (len(nodes), length) float64 array of their times, NaN-padded on the left."""
+
+    @abc.abstractmethod
+    def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]: ...
+
+    @abc.abstractmethod
+    def pending(self, limit: int) -> list[LoggedEvent]:
+        """Logged events not yet marked applied, oldest first."""
+
+    @abc.abstractmethod
+    def mark_applied(self, seqs: list[int]) -> None: ...
+
+    @abc.abstractmethod
+    def last_event_time(self) -> float | None:
+        """The latest event time logged so far (the service's event-time clock)."""
+
+    # ---- housekeeping ----
+    @abc.abstractmethod
+    def ping(self) -> bool: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
