@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from model.checkpoint import CheckpointError, load_checkpoint, model_version, save_checkpoint
+from model.config import ModelConfig
+from model.link_model import DygMambaLinkModel
+
+
+@pytest.fixture()
+def ckpt(tmp_path):
+    torch.manual_seed(0)
+    model = DygMambaLinkModel(ModelConfig(d_model=8, d_state=4))
+    version = save_checkpoint(tmp_path / "ck", model, {"val_ap": 0.5})
+    return tmp_path / "ck", model, version
+
+
+def test_round_trip_and_version(ckpt):
+    path, model, version = ckpt
+    loaded = load_checkpoint(path)
+    assert loaded.version == version and len(version) == 16
+    assert loaded.metrics == {"val_ap": 0.5}
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[k], v)
+    doc = json.loads((path / "config.json").read_text())
+    assert model_version(doc, (path / "weights.safetensors").read_bytes()) == version
+
+
+def test_version_ignores_other_files_and_whitespace(ckpt, tmp_path):
+    path, _, version = ckpt
+    (path / "metrics.json").write_text('{"val_ap": 0.9}')
+    (path / "notes.txt").write_text("hello")
+    assert load_checkpoint(path).version == version
+
+
+def test_tampered_weights_are_refused(ckpt):
+    path, _, _ = ckpt
+    data = bytearray((path / "weights.safetensors").read_bytes())
+    data[-3] ^= 0xFF
+    (path / "weights.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="sha256"):
+        load_checkpoint(path)
+
+
+def test_truncated_weights_are_refused(ckpt):
+    path, _, _ = ckpt
+    data = (path / "weights.safetensors").read_bytes()
+    (path / "weights.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError):
+        load_checkpoint(path)
+
+
+def test_edited_config_is_refused(ckpt):
+    path, _, _ = ckpt
+    doc = json.loads((path / "config.json").read_text())
+    doc["model"]["d_state"] = 8
+    (path / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match="sha256"):
+        load_checkpoint(path)
+
+
+def test_shape_mismatch_is_refused_even_with_matching_checksums(ckpt, tmp_path):
+    """A consistent but mismatched checkpoint (weights of another config) is refused by shape."""
+    path, _, _ = ckpt
+    other = tmp_path / "other"
+    shutil.copytree(path, other)
+    tensors = load_file(str(other / "weights.safetensors"))
+    name = next(k for k in tensors if k.endswith("A_log"))
+    tensors[name] = torch.zeros(3, 3)
+    save_file(tensors, str(other / "weights.safetensors"), metadata={"format": "dygserve-checkpoint/1"})
+    import hashlib
+
+    sums = json.loads((other / "checksums.json").read_text())
+    weights = (other / "weights.safetensors").read_bytes()
+    sums["weights.safetensors"] = hashlib.sha256(weights).hexdigest()
+    sums["model_version"] = model_version(json.loads((other / "config.json").read_text()), weights)
+    (other / "checksums.json").write_text(json.dumps(sums))
+    with pytest.raises(CheckpointError, match="shape"):
+        load_checkpoint(other)
+
+
+def test_missing_directory_is_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "nope")

@@ -1,0 +1,229 @@
+"""Invariant 1 (step/scan parity) and invariant 2 (decay composition).
+
+Step and scan are each compared with an independent float64 loop written here from
+the equations (not from either implementation), and with each other.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from model.config import ModelConfig
+from model.link_model import DygMambaLinkModel, EventInputs
+from model.node_state import NodeStates
+
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def reference_fold(model: DygMambaLinkModel, s0: NodeStates, ev: EventInputs, lengths: torch.Tensor):
+    """Plain float64 loop over nodes, events and layers, from the layer equations."""
+    cfg = model.config
+    out_h = s0.h.double().clone()
+    out_conv = s0.conv.double().clone()
+    for n in range(ev.t.shape[0]):
+        t_prev = float(s0.t_last[n])
+        for k in range(int(lengths[n])):
+            t = float(ev.t[n, k])
+            first = not math.isfinite(t_prev)
+            gap = 0.0 if first else t - t_prev
+            t_prev = t
+            single = EventInputs(ev.other_key[n, k : k + 1], ev.role[n, k : k + 1], ev.features[n, k : k + 1], ev.t[n, k : k + 1], ev.seq[n, k : k + 1])
+            r, _, phi = model.tokens(single, torch.tensor([gap], dtype=torch.float64), torch.tensor([first]))
+            r, phi = r[0].double(), phi[0].double()
+            g = min(max(gap / cfg.time_norm.scale, 0.0), 1e30)
+            for i, layer in enumerate(model.layers):
+                p = {name: v.detach().double() for name, v in layer.named_parameters()}
+                xn = r / torch.sqrt((r * r).mean() + layer.norm.eps) * p["norm.weight"]
+                xz = p["in_proj.weight"] @ xn
+                x, z = xz[: layer.d_inner], xz[layer.d_inner :]
+                window = torch.cat([out_conv[n, i], x[:, None]], dim=1)
+                xc = torch.nn.functional.silu((window * p["conv_weight"]).sum(1) + p["conv_bias"])
+                bc = p["x_proj.weight"] @ xc
+                b, c = bc[: layer.d_state], bc[layer.d_state :]
+                d_in = torch.nn.functional.softplus(p["dt_proj.weight"] @ phi + p["dt_proj.bias"])
+                a = -torch.exp(p["A_log"]) * torch.nn.functional.softplus(p["decay_rate"])[:, None]
+                h = torch.exp(a * g) * out_h[n, i] + (d_in * xc)[:, None] * b[None, :]
+                y = h @ c + p["D"] * xc
+                r = r + p["out_proj.weight"] @ (y * torch.nn.functional.silu(z))
+                out_h[n, i] = h
+                out_conv[n, i] = window[:, 1:]
+    return out_h, out_conv
+
+
+def fold_step(model: DygMambaLinkModel, s0: NodeStates, ev: EventInputs, lengths: torch.Tensor) -> NodeStates:
+    cur = s0.clone()
+    for k in range(ev.t.shape[1]):
+        nxt = model.step(cur, EventInputs(ev.other_key[:, k], ev.role[:, k], ev.features[:, k], ev.t[:, k], ev.seq[:, k]))
+        active = k < lengths
+        for f in ("h", "conv", "t_last", "last_seq", "n_events"):
+            a, b = getattr(cur, f), getattr(nxt, f)
+            setattr(cur, f, torch.where(active.view(-1, *([1] * (a.dim() - 1))), b, a))
+    return cur
+
+
+def random_case(seed: int, n: int, t_len: int, cfg: ModelConfig, gap_kind: str):
+    gen = torch.Generator().manual_seed(seed)
+    if gap_kind == "equal":
+        gaps = torch.zeros(n, t_len, dtype=torch.float64)
+    elif gap_kind == "huge":
+        gaps = torch.rand(n, t_len, generator=gen, dtype=torch.float64) * 10
+        gaps[:, t_len // 2] = 1e12  # the state is wiped by the decay here
+    elif gap_kind == "mixed":
+        gaps = torch.rand(n, t_len, generator=gen, dtype=torch.float64) ** 4 * 50
+        gaps[gaps < 5] = 0.0  # many equal timestamps
+    else:
+        gaps = torch.rand(n, t_len, generator=gen, dtype=torch.float64) * 5
+    t = 1e6 + torch.cumsum(gaps, dim=1)  # large absolute times, small gaps: float64 matters
+    ev = EventInputs(
+        other_key=torch.randint(0, 2**62, (n, t_len), generator=gen),
+        role=torch.randint(0, 2, (n, t_len), generator=gen),
+        features=torch.randn(n, t_len, cfg.edge_feature_dim, generator=gen),
+        t=t,
+        seq=torch.arange(t_len).repeat(n, 1),
+    )
+    lengths = torch.randint(0, t_len + 1, (n,), generator=gen)
+    lengths[0] = t_len
+    s0 = NodeStates.initial(n, cfg)
+    s0.h.normal_(generator=gen)
+    s0.conv.normal_(generator=gen)
+    s0.t_last[:] = 1e6 - torch.rand(n, generator=gen, dtype=torch.float64)
+    s0.t_last[-1] = float("-inf")  # one node that has never seen an event
+    s0.n_events[:-1] = 5
+    return s0, ev, lengths
+
+
+def assert_close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a.double(), b.double(), rtol=RTOL, atol=ATOL)
+
+
+configs = st.builds(
+    ModelConfig,
+    edge_feature_dim=st.integers(0, 4),
+    d_model=st.sampled_from([4, 8, 16]),
+    expand=st.integers(1, 2),
+    d_state=st.integers(1, 8),
+    d_conv=st.integers(1, 4),
+    n_layers=st.integers(1, 3),
+    time_encoder=st.sampled_from(["linear", "sinusoidal", "both"]),
+    d_time=st.integers(1, 8),
+    node_hash_buckets=st.sampled_from([0, 7]),
+    d_node=st.just(4),
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    cfg=configs,
+    seed=st.integers(0, 2**16),
+    n=st.integers(1, 5),
+    t_len=st.integers(1, 40),
+    gap_kind=st.sampled_from(["regular", "equal", "huge", "mixed"]),
+    chunk=st.sampled_from([1, 3, 16]),
+)
+def test_step_scan_and_reference_agree(cfg, seed, n, t_len, gap_kind, chunk):
+    torch.manual_seed(seed)
+    model = DygMambaLinkModel(cfg).eval()
+    s0, ev, lengths = random_case(seed, n, t_len, cfg, gap_kind)
+    with torch.no_grad():
+        scanned, _ = model.scan(s0, ev, lengths, chunk=chunk)
+        stepped = fold_step(model, s0, ev, lengths)
+        ref_h, ref_conv = reference_fold(model, s0, ev, lengths)
+    assert_close(stepped.h, ref_h)
+    assert_close(stepped.conv, ref_conv)
+    assert_close(scanned.h, ref_h)
+    assert_close(scanned.conv, ref_conv)
+    assert_close(scanned.h, stepped.h)
+    assert torch.equal(scanned.t_last, stepped.t_last)
+    assert torch.equal(scanned.n_events, stepped.n_events)
+    assert torch.equal(scanned.last_seq, stepped.last_seq)
+
+
+def test_parity_on_real_shapes():
+    """The default config with a long sequence and every gap pattern at once."""
+    cfg = ModelConfig(edge_feature_dim=4, n_layers=2)
+    torch.manual_seed(0)
+    model = DygMambaLinkModel(cfg).eval()
+    s0, ev, lengths = random_case(1, 16, 130, cfg, "mixed")
+    with torch.no_grad():
+        scanned, per_pos = model.scan(s0, ev, lengths, return_states=True)
+        stepped = fold_step(model, s0, ev, lengths)
+    assert_close(scanned.h, stepped.h)
+    # The per-position states end at each node's final state.
+    last = (lengths - 1).clamp(min=0)
+    has = lengths > 0
+    assert_close(per_pos[has, last[has]], scanned.h[has])
+
+
+def test_padding_does_not_change_state():
+    """Whatever sits past a node's length (times, features, ids) leaves its state alone."""
+    cfg = ModelConfig(n_layers=2, edge_feature_dim=2)
+    model = DygMambaLinkModel(cfg).eval()
+    s0, ev, lengths = random_case(2, 4, 12, cfg, "regular")
+    pad = torch.arange(12).unsqueeze(0) >= lengths.unsqueeze(1)
+    noisy = EventInputs(
+        torch.where(pad, 12345, ev.other_key),
+        ev.role,
+        torch.where(pad.unsqueeze(-1), torch.randn_like(ev.features) * 100, ev.features),
+        torch.where(pad, ev.t + 1e9, ev.t),
+        ev.seq,
+    )
+    with torch.no_grad():
+        clean, _ = model.scan(s0, ev, lengths)
+        dirty, _ = model.scan(s0, noisy, lengths)
+    assert bool(pad.any())
+    assert torch.equal(clean.h, dirty.h) and torch.equal(clean.conv, dirty.conv)
+    assert torch.equal(clean.t_last, dirty.t_last)
+
+
+def test_a_broken_scan_is_caught():
+    """The parity check has teeth: a scan that forgets one decay step is detected."""
+    cfg = ModelConfig()
+    model = DygMambaLinkModel(cfg).eval()
+    s0, ev, lengths = random_case(3, 3, 20, cfg, "regular")
+    with torch.no_grad():
+        stepped = fold_step(model, s0, ev, lengths)
+        ev_off = EventInputs(ev.other_key, ev.role, ev.features, ev.t + torch.linspace(0, 1, 20, dtype=torch.float64), ev.seq)
+        scanned_wrong, _ = model.scan(s0, ev_off, lengths)
+    with pytest.raises(AssertionError):
+        assert_close(scanned_wrong.h, stepped.h)
+
+
+@settings(max_examples=30, deadline=None)
+@given(a=st.floats(0, 1e4), b=st.floats(0, 1e4), seed=st.integers(0, 1000))
+def test_decay_composition(a, b, seed):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(n_layers=2, d_state=4, d_model=8)
+    model = DygMambaLinkModel(cfg).eval()
+    h = torch.randn(3, cfg.n_layers, cfg.d_inner, cfg.d_state)
+    t0 = torch.full((3,), 1e6, dtype=torch.float64)
+    with torch.no_grad():
+        once = model.decay(h, t0, t0 + a + b)
+        twice = model.decay(model.decay(h, t0, t0 + a), t0 + a, t0 + a + b)
+    torch.testing.assert_close(once, twice, rtol=1e-5, atol=1e-30)
+
+
+def test_query_before_last_event_is_clamped_not_rewound():
+    cfg = ModelConfig()
+    model = DygMambaLinkModel(cfg).eval()
+    h = torch.randn(2, cfg.n_layers, cfg.d_inner, cfg.d_state)
+    t_last = torch.tensor([10.0, 10.0], dtype=torch.float64)
+    with torch.no_grad():
+        earlier = model.decay(h, t_last, torch.tensor([5.0, 10.0], dtype=torch.float64))
+    assert torch.equal(earlier, h)
+
+
+def test_zero_gap_event_still_adds_input():
+    cfg = ModelConfig()
+    model = DygMambaLinkModel(cfg).eval()
+    s0 = NodeStates.initial(1, cfg)
+    s0.t_last[:] = 7.0
+    s0.n_events[:] = 1
+    ev = EventInputs(torch.tensor([3]), torch.tensor([0]), torch.zeros(1, 0), torch.tensor([7.0], dtype=torch.float64), torch.tensor([1]))
+    with torch.no_grad():
+        s1 = model.step(s0, ev)
+    assert s1.h.abs().sum() > 0
