@@ -1,0 +1,115 @@
+"""``dygserve``: serve, train, evaluate, replay, backfill, export-onnx, bench.
+
+Every ``serve`` flag is also an environment variable ``DYGSERVE_<NAME>``; flags win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+SERVE_FLAGS = ("checkpoint", "redis_url", "host", "port", "workers", "api_key", "models_dir")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    for name in SERVE_FLAGS:
+        value = getattr(args, name)
+        if value is not None:
+            os.environ[f"DYGSERVE_{name.upper()}"] = str(value)
+    from .settings import Settings
+
+    settings = Settings()
+    if settings.workers > 1:
+        if not settings.redis_url:
+            print("error: the embedded store is in-process: several workers need --redis-url", file=sys.stderr)
+            return 2
+        # prometheus-client must aggregate across worker processes.
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="dygserve-prom-"))
+    uvicorn.run(
+        "service.app:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from .replay import main as replay_main
+
+    return replay_main(args.rest)
+
+
+def _backfill(args: argparse.Namespace) -> int:
+    from .backfill import backfill
+
+    stats = backfill(args.checkpoint, args.redis_url, batch=args.batch)
+    print(stats)
+    return 0
+
+
+def _delegate(module: str):
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return int(importlib.import_module(module).main(args.rest) or 0)
+
+    return run
+
+
+def _export_onnx(args: argparse.Namespace) -> int:
+    print("error: export-onnx is not implemented yet (the onnxruntime backend is open work)", file=sys.stderr)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dygserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the HTTP service")
+    serve.add_argument("--checkpoint", default=None, help="checkpoint dir (default checkpoints/default)")
+    serve.add_argument("--redis-url", dest="redis_url", default=None, help="redis:// or redis+cluster://; none = embedded store")
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument("--workers", type=int, default=None)
+    serve.add_argument("--api-key", dest="api_key", default=None)
+    serve.add_argument("--models-dir", dest="models_dir", default=None)
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=_serve)
+
+    for name, module, helptext in (
+        ("train", "model.train", "train a checkpoint offline on an edge stream"),
+        ("evaluate", "model.evaluate", "evaluate a checkpoint with the DyGLib/TGB protocol"),
+        ("replay", "service.replay", "stream a dataset into a running service and report AP/AUC"),
+        ("bench", "service.bench", "benchmarks: `bench store`, `bench all`"),
+    ):
+        p = sub.add_parser(name, help=helptext, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_delegate(module))
+
+    backfill = sub.add_parser("backfill", help="rebuild the states of a model version from the stored histories")
+    backfill.add_argument("--checkpoint", default=None)
+    backfill.add_argument("--redis-url", dest="redis_url", required=True)
+    backfill.add_argument("--batch", type=int, default=1000)
+    backfill.set_defaults(func=_backfill)
+
+    onnx = sub.add_parser("export-onnx", help="export step/read-out/head graphs to ONNX (not yet)")
+    onnx.add_argument("rest", nargs=argparse.REMAINDER)
+    onnx.set_defaults(func=_export_onnx)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

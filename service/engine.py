@@ -1,0 +1,260 @@
+"""The ingestion and scoring pipelines, over one loaded checkpoint and one state store.
+
+Everything here is blocking (torch, sync Redis): the app calls it from worker
+threads, never on the event loop. The numbers come from ``model.streaming`` so
+that they are exactly those of the offline evaluator.
+
+Ingest: validate -> append to the log (one atomic script: dedupe, late check,
+sequence numbers) -> apply: one read of all touched states, one padded step/scan
+over every touched node, one compare-and-set pipelined write (``apply_logged``).
+Score: one read of the states, one of the neighbour lists; cold nodes (history
+but no blob) are rebuilt together by one batch scan and written back with a
+compare-and-set that never overwrites a newer state; then decay, read-out, head.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model.checkpoint import LoadedCheckpoint, load_checkpoint
+from model.link_model import ROLE_DST, ROLE_SRC
+from model.node_ids import node_key
+from model.node_state import NodeStates, StateCodec
+from model.streaming import NeighbourLists, NodeEvent, advance, score
+from state_store.applier import apply_logged, redrive
+from state_store.base import LoggedEvent, NewEvent, StateStore
+from state_store.faults import maybe_crash
+
+from . import metrics
+
+log = logging.getLogger("dygserve")
+
+
+class RequestRefused(ValueError):
+    """A whole request refused with a 4xx (nothing applied)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@contextmanager
+def timed_store(op: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        metrics.STORE_LATENCY.labels(op=op).observe(time.perf_counter() - start)
+
+
+class ModelRuntime:
+    """One loaded checkpoint: model, codec, and the store-facing advance function."""
+
+    def __init__(self, checkpoint: LoadedCheckpoint) -> None:
+        self.checkpoint = checkpoint
+        self.model = checkpoint.model
+        self.config = checkpoint.config
+        self.version = checkpoint.version
+        self.codec = StateCodec(self.config, self.version)
+
+    @classmethod
+    def load(cls, path: Path) -> ModelRuntime:
+        return cls(load_checkpoint(path))
+
+    def decode(self, blobs: Sequence[bytes | None]) -> NodeStates:
+        """States for a list of blobs; None -> the initial state."""
+        states = NodeStates.initial(len(blobs), self.config)
+        present = [i for i, b in enumerate(blobs) if b is not None]
+        if present:
+            dec = self.codec.decode_many([blobs[i] for i in present])
+            idx = torch.tensor(present)
+            states.h[idx], states.conv[idx] = dec.h, dec.conv
+            states.t_last[idx], states.last_seq[idx], states.n_events[idx] = dec.t_last, dec.last_seq, dec.n_events
+        return states
+
+    def advance_blobs(self, nodes: list[str], blobs: list[bytes | None], new_events: list[list[LoggedEvent]]) -> dict[str, bytes]:
+        """The applier's callback: apply each node's new events, return the new blobs."""
+        states = self.decode(blobs)
+        per_node = [[_node_event(node, e) for e in events] for node, events in zip(nodes, new_events, strict=True)]
+        new = advance(self.model, states, per_node)
+        return dict(zip(nodes, self.codec.encode_many(new), strict=True))
+
+
+def _node_event(node: str, e: LoggedEvent) -> NodeEvent:
+    # A self-loop is one event applied once, as its source.
+    if e.src == node:
+        return NodeEvent(node_key(e.dst), ROLE_SRC, e.features, e.t, e.seq)
+    return NodeEvent(node_key(e.src), ROLE_DST, e.features, e.t, e.seq)
+
+
+@dataclass
+class ScoredPair:
+    src: str
+    dst: str
+    t: float
+    logit: float
+    src_age: float | None
+    dst_age: float | None
+    src_inductive: bool
+    dst_inductive: bool
+    clamped: bool
+
+    @property
+    def probability(self) -> float:
+        return 1.0 / (1.0 + math.exp(-self.logit)) if self.logit >= 0 else math.exp(self.logit) / (1.0 + math.exp(self.logit))
+
+
+class Engine:
+    def __init__(self, runtime: ModelRuntime, store: StateStore) -> None:
+        self._runtime = runtime
+        self.store = store
+        self._swap = threading.Lock()
+        self.needs_redrive = True  # on start: re-drive whatever a crash left logged but unapplied
+
+    @property
+    def runtime(self) -> ModelRuntime:
+        return self._runtime
+
+    def swap(self, runtime: ModelRuntime) -> ModelRuntime:
+        """Hot switch: requests already running finish on the runtime they started with."""
+        with self._swap:
+            old, self._runtime = self._runtime, runtime
+        return old
+
+    # ----- ingest --------------------------------------------------------------------
+    def ingest(self, events: list[dict], apply: bool = True) -> dict:
+        rt = self.runtime
+        dim = rt.config.edge_feature_dim
+        new = []
+        for i, e in enumerate(events):
+            feats = e.get("features") or []
+            if len(feats) != dim:
+                raise RequestRefused(422, f"events[{i}].features has length {len(feats)}, the model expects {dim}")
+            new.append(NewEvent(e["src"], e["dst"], float(e["t"]), tuple(float(x) for x in feats), e.get("event_id")))
+        with timed_store("append"):
+            result = self.store.append_events(new)
+        logged = [
+            LoggedEvent(seq, ev.src, ev.dst, ev.t, ev.features, ev.event_id or "")
+            for ev, seq in zip(new, result.seqs, strict=True)
+            if seq is not None
+        ]
+        maybe_crash("after_log")
+        applied = False
+        if logged and apply:
+            self.apply(rt, logged)
+            applied = True
+        metrics.EVENTS_INGESTED.inc(len(logged))
+        metrics.EVENTS_DUPLICATE.inc(len(result.duplicates))
+        for _, reason in result.late:
+            metrics.EVENTS_REJECTED.labels(reason=reason.split(":", 1)[0]).inc()
+        return {
+            "accepted": len(logged),
+            "duplicates": len(result.duplicates),
+            "rejected": [{"index": i, "reason": r} for i, r in result.late],
+            "applied": applied or not logged,
+        }
+
+    def apply(self, rt: ModelRuntime, logged: list[LoggedEvent]) -> None:
+        try:
+            with timed_store("apply"):
+                apply_logged(self.store, rt.version, logged, rt.advance_blobs)
+        except Exception:
+            self.needs_redrive = True  # logged but maybe not applied: re-drive later
+            raise
+
+    def redrive(self) -> int:
+        rt = self.runtime
+        with timed_store("redrive"):
+            stats = redrive(self.store, rt.version, rt.advance_blobs)
+        self.needs_redrive = False
+        return getattr(stats, "events_applied", 0)
+
+    # ----- score ---------------------------------------------------------------------
+    def load_states(self, rt: ModelRuntime, nodes: list[str]) -> tuple[NodeStates, np.ndarray]:
+        """States of ``nodes`` (unique), rebuilding cold ones; and which have no history."""
+        with timed_store("read_states"):
+            blobs = self.store.read_states(rt.version, nodes)
+        missing = [i for i, b in enumerate(blobs) if b is None]
+        inductive = np.zeros(len(nodes), dtype=bool)
+        if missing:
+            miss_nodes = [nodes[i] for i in missing]
+            with timed_store("read_histories"):
+                histories = self.store.read_histories(miss_nodes)
+            cold = [(i, n, h) for i, n, h in zip(missing, miss_nodes, histories, strict=True) if h]
+            for i, _, h in zip(missing, miss_nodes, histories, strict=True):
+                inductive[i] = not h
+            if cold:
+                cold_nodes = [n for _, n, _ in cold]
+                rebuilt = rt.advance_blobs(cold_nodes, [None] * len(cold), [h for _, _, h in cold])
+                with timed_store("write_states"):
+                    self.store.write_states(rt.version, rebuilt, dict.fromkeys(cold_nodes))
+                metrics.COLD_REBUILDS.inc(len(cold))
+                for i, n, _ in cold:
+                    blobs[i] = rebuilt[n]
+        return rt.decode(blobs), inductive
+
+    def score_pairs(self, pairs: list[tuple[str, str, float | None]]) -> tuple[list[ScoredPair], str]:
+        rt = self.runtime
+        if not pairs:
+            return [], rt.version
+        default_t = None
+        if any(t is None for _, _, t in pairs):
+            with timed_store("clock"):
+                default_t = self.store.last_event_time()
+            default_t = 0.0 if default_t is None else default_t
+        nodes = list(dict.fromkeys([p[0] for p in pairs] + [p[1] for p in pairs]))
+        pos = {n: i for i, n in enumerate(nodes)}
+        states, inductive = self.load_states(rt, nodes)
+        length = rt.config.neighbour_list_len
+        with timed_store("read_neighbours"):
+            nbr_ids, nbr_times = self.store.read_neighbours(nodes, length)
+        nbr_keys = [[node_key(x) for x in ids] for ids in nbr_ids]
+        nbr_t = [row[~np.isnan(row)].tolist() for row in nbr_times]
+        lists = NeighbourLists.from_lists(nbr_keys, nbr_t, length)
+        iu = torch.tensor([pos[s] for s, _, _ in pairs])
+        iv = torch.tensor([pos[d] for _, d, _ in pairs])
+        tau = torch.tensor([default_t if t is None else t for _, _, t in pairs], dtype=torch.float64)
+        su, sv = states.select(iu), states.select(iv)
+        keys = torch.tensor([node_key(n) for n in nodes], dtype=torch.int64)
+        logits = score(
+            rt.model, su, sv, keys[iu], keys[iv], tau,
+            NeighbourLists(lists.keys[iu], lists.times[iu]), NeighbourLists(lists.keys[iv], lists.times[iv]),
+        )  # fmt: skip
+        out = []
+        tl_u, tl_v = su.t_last.tolist(), sv.t_last.tolist()
+        for k, (s, d, _) in enumerate(pairs):
+            t = float(tau[k])
+            age_u = t - tl_u[k] if math.isfinite(tl_u[k]) else None
+            age_v = t - tl_v[k] if math.isfinite(tl_v[k]) else None
+            clamped = (age_u is not None and age_u < 0) or (age_v is not None and age_v < 0)
+            out.append(
+                ScoredPair(s, d, t, float(logits[k]), age_u, age_v, bool(inductive[pos[s]]), bool(inductive[pos[d]]), clamped)
+            )
+        return out, rt.version
+
+    # ----- introspection -------------------------------------------------------------
+    def node_summary(self, node: str) -> dict:
+        rt = self.runtime
+        blob = self.store.read_states(rt.version, [node])[0]
+        history = self.store.read_histories([node])[0]
+        st = rt.decode([blob])
+        t_last = float(st.t_last[0])
+        return {
+            "node": node,
+            "model_version": rt.version,
+            "cached": blob is not None,
+            "t_last": t_last if math.isfinite(t_last) else (history[-1].t if history else None),
+            "events_applied": int(st.n_events[0]) if blob is not None else len(history),
+            "last_seq": int(st.last_seq[0]) if blob is not None else (history[-1].seq if history else None),
+            "history_length": len(history),
+        }
