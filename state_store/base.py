@@ -20,6 +20,29 @@ Three kinds of data, with different keys and lifetimes:
 Writes of state blobs are compare-and-set on the watermark (t_last, last_seq) held
 in the blob header: a write succeeds only if the stored blob still has the
 watermark the writer read (or is still absent). A loser re-reads and re-applies.
+
+Additions to the first version of this interface (nothing existing was renamed or
+changed in meaning):
+
+* ``StoreUnavailable``: raised by every backend when the store cannot be reached
+  (connection refused or lost, timeout, cluster down, read-only replica after a
+  failover). The service answers 503 with it. Other errors (bad arguments) stay
+  ordinary exceptions.
+* ``append_events`` may also refuse an event whose ``t`` lies more than the store's
+  ``max_future_skew`` beyond the latest logged time; such events are listed in
+  ``AppendResult.late`` too, with a reason starting ``"future: "`` (late ones start
+  ``"late: "``), so callers only look in one place for per-event refusals.
+  ``AppendResult.rejected`` is an alias of ``late`` for readers of the HTTP contract.
+* ``AppendResult.event_ids``: the id of every input event, the client's or the one
+  the store assigned (``event_id=None``), so callers can build ``LoggedEvent``s of
+  what they logged (``applier.logged_events``).
+* Dedupe markers (one per remembered event id) carry a TTL too, the dedupe window;
+  evicting one only shortens that window. The log, histories and pending set never
+  carry a TTL.
+* ``append_events`` raises ``ValueError`` (and changes nothing) for a non-finite
+  ``t``; the service validates before, this is a last guard.
+* ``StateStore.backend``: a short name of the backend ("memory", "redis",
+  "redis-cluster") for logs and metrics.
 """
 
 from __future__ import annotations
@@ -28,6 +51,13 @@ import abc
 from dataclasses import dataclass, field
 
 import numpy as np
+
+
+class StoreUnavailable(Exception):
+    """The store cannot be reached (connection refused/lost, timeout, cluster down).
+
+    The service maps it to HTTP 503. The original error is chained as ``__cause__``.
+    """
 
 
 @dataclass(frozen=True)
@@ -60,6 +90,14 @@ class AppendResult:
     seqs: list[int | None]  # None where not logged
     duplicates: list[int] = field(default_factory=list)  # input indices seen before
     late: list[tuple[int, str]] = field(default_factory=list)  # (index, reason)
+    event_ids: list[str] = field(
+        default_factory=list
+    )  # per input event: its id (given or assigned)
+
+    @property
+    def rejected(self) -> list[tuple[int, str]]:
+        """Every refused event, (index, reason): late ("late: ...") and future ("future: ...")."""
+        return self.late
 
 
 @dataclass
@@ -70,6 +108,8 @@ class WriteOutcome:
 
 class StateStore(abc.ABC):
     """Every method is one round trip (or one per cluster slot), whatever the batch size."""
+
+    backend: str = "abstract"
 
     # ---- state blobs (namespaced by model version) ----
     @abc.abstractmethod

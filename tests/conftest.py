@@ -20,3 +20,11 @@ def data_dir() -> Path:
     if not (DATA / "uci" / "edges.csv.gz").exists():
         pytest.fail(f"real datasets not found at {DATA} (set DYGSERVE_DATA)")
     return DATA
+
+# Shared test helpers live in the `tests.support` package (real Redis servers, store
+# workers that multiprocessing 'spawn' children import by name): the repo root must
+# be importable however pytest was started.
+import sys  # noqa: E402
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))

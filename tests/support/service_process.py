@@ -41,11 +41,15 @@ class ServiceProcess:
         return self.proc.returncode
 
 
-def start_service(workdir: Path, env: dict[str, str] | None = None, timeout: float = 60.0) -> ServiceProcess:
+def start_service(
+    workdir: Path, env: dict[str, str] | None = None, timeout: float = 60.0
+) -> ServiceProcess:
     port = free_port()
     log_path = Path(workdir) / f"service-{port}.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("DYGSERVE_")}
-    full_env.update({"DYGSERVE_HOST": "127.0.0.1", "DYGSERVE_PORT": str(port), "PYTHONUNBUFFERED": "1"})
+    full_env.update(
+        {"DYGSERVE_HOST": "127.0.0.1", "DYGSERVE_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+    )
     full_env.update(env or {})
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

@@ -1,0 +1,101 @@
+"""Pieces shared by the store backends: configs, the compact event encoding, reasons.
+
+Both backends must refuse the same events with the same reasons and return events
+that compare equal, so the rules live here once.
+
+Event encoding (Redis members and stream entries)::
+
+    [seq, "src", "dst", t, [f0, f1, ...], "event_id"]
+
+as compact JSON written by orjson. orjson writes floats with the shortest repr
+that parses back to the same float64, so ``t`` (and every feature) round-trips
+bit-exactly; non-finite numbers are refused before they get here. The Lua append
+script receives the event without its seq (``,"src","dst",t,[...],"id"]``) and
+prepends ``[<seq>``, so a member is unique (it contains its seq) and decodes with
+one ``orjson.loads``.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from .base import LoggedEvent, NewEvent
+
+
+class StoreOptions(BaseModel):
+    """Options every backend understands."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    state_ttl_s: float | None = Field(
+        None, gt=0, description="TTL of state blobs (the only keys with a TTL); None = none"
+    )
+    history_cap: int = Field(
+        10_000, ge=1, description="events kept per node history (newest); older are dropped"
+    )
+    dedupe_ttl_s: float | None = Field(
+        86_400.0, gt=0, description="how long an event id is remembered; None = forever"
+    )
+    max_future_skew: float | None = Field(
+        None, ge=0, description="refuse t > latest logged t + this; None = off"
+    )
+    log_keep: int = Field(
+        100_000, ge=0, description="the global log always keeps at least this many newest entries"
+    )
+
+
+class MemoryStoreConfig(StoreOptions):
+    """The embedded in-process store (one process, not persistent)."""
+
+
+class RedisStoreConfig(StoreOptions):
+    """``redis://host:port/db`` (one server, also ``rediss://``, ``unix://``) or
+    ``redis+cluster://host:port[,host:port...]`` (Redis Cluster, also ``rediss+cluster://``)."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    socket_timeout: float | None = Field(5.0, gt=0)
+    key_prefix: str = Field(
+        "dygserve",
+        min_length=1,
+        description="namespace of every key (several deployments per Redis)",
+    )
+
+
+def event_time(t: float) -> float:
+    t = float(t)
+    if not math.isfinite(t):
+        raise ValueError(f"event time must be finite, got {t!r}")
+    return t
+
+
+def event_id(ev: NewEvent) -> str:
+    return ev.event_id if ev.event_id is not None else uuid.uuid4().hex
+
+
+def encode_tail(ev: NewEvent, t: float, eid: str) -> bytes:
+    """The event without its seq: ``,"src","dst",t,[features],"id"]``."""
+    body = orjson.dumps([ev.src, ev.dst, t, [float(x) for x in ev.features], eid])
+    return b"," + body[1:]
+
+
+def encode_event(e: LoggedEvent) -> bytes:
+    return orjson.dumps([e.seq, e.src, e.dst, e.t, list(e.features), e.event_id])
+
+
+def decode_event(member: bytes) -> LoggedEvent:
+    seq, src, dst, t, feats, eid = orjson.loads(member)
+    return LoggedEvent(int(seq), src, dst, float(t), tuple(float(x) for x in feats), eid)
+
+
+def late_reason(t: float, last: float, node: str) -> str:
+    return f"late: t={t!r} < last event {last!r} of node {node!r}"
+
+
+def future_reason(t: float, latest: float, skew: float) -> str:
+    return (
+        f"future: t={t!r} is more than max_future_skew={skew!r} after the latest event {latest!r}"
+    )

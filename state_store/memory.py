@@ -1,0 +1,232 @@
+"""The embedded in-process store: the default when no Redis URL is given.
+
+For demos and development: one process only (``serve`` refuses several workers with
+it), nothing persists. It follows the Redis backend rule for rule (dedupe window,
+late and future refusal, per-node history cap, pending set, log trimming, state TTL)
+so the shared test suite runs unchanged against both. TTLs expire lazily on a
+monotonic clock. One lock guards everything, so every method is atomic, like one
+Lua script or one pipeline on Redis.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import threading
+import time
+from collections import OrderedDict, deque
+
+import numpy as np
+
+from model.node_state import HEADER_SIZE, WATERMARK_T_OFFSET
+
+from .base import AppendResult, LoggedEvent, NewEvent, StateStore, WriteOutcome
+from .common import MemoryStoreConfig, event_id, event_time, future_reason, late_reason
+
+_WM = slice(WATERMARK_T_OFFSET, WATERMARK_T_OFFSET + 16)  # t_last (f64) + last_seq (i64)
+
+
+def _pack_watermark(wm: tuple[float, int]) -> bytes:
+    return struct.pack("<dq", float(wm[0]), int(wm[1]))
+
+
+class InMemoryStore(StateStore):
+    backend = "memory"
+
+    def __init__(self, config: MemoryStoreConfig | None = None, **options: object) -> None:
+        if config is None:
+            config = MemoryStoreConfig(**options)  # type: ignore[arg-type]
+        elif options:
+            config = MemoryStoreConfig(**{**config.model_dump(), **options})
+        self.config = config
+        self._lock = threading.Lock()
+        self._clock = time.monotonic
+        self._states: dict[tuple[str, str], tuple[bytes, float | None]] = {}
+        self._seq = 0
+        self._log: OrderedDict[int, LoggedEvent] = OrderedDict()
+        self._pending: dict[int, LoggedEvent] = {}
+        self._histories: dict[str, deque[LoggedEvent]] = {}
+        self._last_t: dict[str, float] = {}
+        self._latest: float | None = None
+        self._seen: dict[str, float | None] = {}  # event id -> expiry (None = forever)
+        self._seen_order: deque[tuple[float, str]] = deque()  # (expiry, id), expiry order
+        self._closed = False
+
+    # ---- state blobs -----------------------------------------------------------------
+    def _get(self, key: tuple[str, str], now: float) -> bytes | None:
+        item = self._states.get(key)
+        if item is None:
+            return None
+        blob, expiry = item
+        if expiry is not None and expiry <= now:
+            del self._states[key]
+            return None
+        return blob
+
+    def read_states(self, version: str, nodes: list[str]) -> list[bytes | None]:
+        with self._lock:
+            now = self._clock()
+            return [self._get((version, n), now) for n in nodes]
+
+    def write_states(
+        self, version: str, blobs: dict[str, bytes], expected: dict[str, tuple[float, int] | None]
+    ) -> WriteOutcome:
+        written, conflicts = [], []
+        ttl = self.config.state_ttl_s
+        with self._lock:
+            now = self._clock()
+            for node, blob in blobs.items():
+                cur = self._get((version, node), now)
+                exp = expected.get(node)
+                if exp is None:
+                    ok = cur is None
+                else:
+                    ok = (
+                        cur is not None
+                        and len(cur) >= HEADER_SIZE
+                        and cur[_WM] == _pack_watermark(exp)
+                    )
+                if ok:
+                    self._states[(version, node)] = (
+                        bytes(blob),
+                        None if ttl is None else now + ttl,
+                    )
+                    written.append(node)
+                else:
+                    conflicts.append(node)
+        return WriteOutcome(written, conflicts)
+
+    def delete_states(self, version: str, nodes: list[str]) -> int:
+        with self._lock:
+            now = self._clock()
+            n = 0
+            for node in set(nodes):
+                if self._get((version, node), now) is not None:
+                    del self._states[(version, node)]
+                    n += 1
+            return n
+
+    # ---- event log ---------------------------------------------------------------------
+    def _expire_ids(self, now: float) -> None:
+        order = self._seen_order
+        while order and order[0][0] <= now:
+            expiry, eid = order.popleft()
+            if self._seen.get(eid) == expiry:
+                del self._seen[eid]
+
+    def append_events(self, events: list[NewEvent]) -> AppendResult:
+        prepared = [
+            (ev, event_time(ev.t), event_id(ev)) for ev in events
+        ]  # may raise: nothing changed
+        cfg = self.config
+        result = AppendResult(seqs=[None] * len(events), event_ids=[eid for _, _, eid in prepared])
+        with self._lock:
+            now = self._clock()
+            self._expire_ids(now)
+            for i, (ev, t, eid) in enumerate(prepared):
+                if eid in self._seen:
+                    result.duplicates.append(i)
+                    continue
+                late = None
+                for node in (ev.src, ev.dst) if ev.src != ev.dst else (ev.src,):
+                    last = self._last_t.get(node)
+                    if last is not None and t < last:
+                        late = late_reason(t, last, node)
+                        break
+                if late is not None:
+                    result.late.append((i, late))
+                    continue
+                skew = cfg.max_future_skew
+                if skew is not None and self._latest is not None and t > self._latest + skew:
+                    result.late.append((i, future_reason(t, self._latest, skew)))
+                    continue
+                self._seq += 1
+                e = LoggedEvent(
+                    self._seq, ev.src, ev.dst, t, tuple(float(x) for x in ev.features), eid
+                )
+                self._log[e.seq] = e
+                self._pending[e.seq] = e
+                for node in (ev.src, ev.dst) if ev.src != ev.dst else (ev.src,):
+                    h = self._histories.get(node)
+                    if h is None:
+                        h = self._histories[node] = deque(maxlen=cfg.history_cap)
+                    h.append(e)
+                    self._last_t[node] = t
+                if self._latest is None or t > self._latest:
+                    self._latest = t
+                if cfg.dedupe_ttl_s is None:
+                    self._seen[eid] = None
+                else:
+                    expiry = now + cfg.dedupe_ttl_s
+                    self._seen[eid] = expiry
+                    self._seen_order.append((expiry, eid))
+                result.seqs[i] = e.seq
+        return result
+
+    def read_histories(
+        self, nodes: list[str], after_seq: list[int] | None = None, limit: int | None = None
+    ) -> list[list[LoggedEvent]]:
+        out = []
+        with self._lock:
+            for i, node in enumerate(nodes):
+                h = self._histories.get(node, ())
+                after = -1 if after_seq is None else after_seq[i]
+                evs = [e for e in h if e.seq > after]
+                if limit is not None:
+                    evs = evs[-limit:] if limit > 0 else []
+                out.append(evs)
+        return out
+
+    def read_neighbours(self, nodes: list[str], length: int) -> tuple[list[list[str]], np.ndarray]:
+        times = np.full((len(nodes), length), np.nan, dtype=np.float64)
+        ids: list[list[str]] = []
+        with self._lock:
+            for i, node in enumerate(nodes):
+                h = self._histories.get(node, ())
+                last = list(h)[-length:] if length > 0 else []
+                ids.append([e.dst if e.src == node else e.src for e in last])
+                if last:
+                    times[i, length - len(last) :] = [e.t for e in last]
+        return ids, times
+
+    def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]:
+        out: list[LoggedEvent] = []
+        if count <= 0:
+            return out
+        with self._lock:
+            for seq, e in self._log.items():  # ascending seq
+                if seq > after_seq:
+                    out.append(e)
+                    if len(out) >= count:
+                        break
+        return out
+
+    def pending(self, limit: int) -> list[LoggedEvent]:
+        with self._lock:
+            return list(
+                itertools.islice(self._pending.values(), max(limit, 0))
+            )  # insertion = seq order
+
+    def mark_applied(self, seqs: list[int]) -> None:
+        with self._lock:
+            for s in seqs:
+                self._pending.pop(int(s), None)
+            # Trim the log below the lowest pending seq, keeping at least log_keep entries.
+            bound = min(self._pending) if self._pending else self._seq + 1
+            bound = min(bound, self._seq - self.config.log_keep + 1)
+            while self._log:
+                first = next(iter(self._log))
+                if first >= bound:
+                    break
+                del self._log[first]
+
+    def last_event_time(self) -> float | None:
+        with self._lock:
+            return self._latest
+
+    # ---- housekeeping --------------------------------------------------------------------
+    def ping(self) -> bool:
+        return not self._closed
+
+    def close(self) -> None:
+        self._closed = True

@@ -1,0 +1,573 @@
+"""The Redis state store: one server (``redis://``) or Redis Cluster (``redis+cluster://``).
+
+Key layout (``P`` = ``key_prefix``, default ``dygserve``); it works unchanged on a
+cluster because every multi-key operation stays inside one hash slot::
+
+    P:{n:<node>}:s:<version>      state blob of one node and model version; hash tag per
+                                  node, so states shard across the cluster by node.
+                                  The only keys with a TTL (``state_ttl_s``).
+    P:{P:log}:seq                 sequence counter (INCR)
+    P:{P:log}:stream              the global log, a Stream with entry ids 0-<seq>
+    P:{P:log}:eid:<event id>      dedupe marker, SET with PX = dedupe window
+    P:{P:log}:h:<node>            per-node history, sorted set (score seq), capped
+    P:{P:log}:lt                  hash node -> time of its last logged event (late check)
+    P:{P:log}:tmax                latest logged time (the event-time clock)
+    P:{P:log}:pending             sorted set of logged, not yet applied events (score seq)
+
+Everything of the log shares the hash tag ``{P:log}``: appending a batch is ONE Lua
+script (dedupe, late and future checks, seq, XADD, both endpoints' history ZADD,
+pending ZADD), and a script on a cluster may touch one slot only. The log is
+therefore one partition (the scale-out limit; see docs/STATE_STORE.md).
+
+Members of histories, of the pending set and the stream field ``e`` are the compact
+JSON of ``state_store.common`` (``[seq,"src","dst",t,[features],"id"]``).
+
+Round trips: every method is one command or one pipeline; on a cluster a pipeline
+costs one round trip per master it touches (log methods: exactly one).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import struct
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import numpy as np
+import orjson
+import redis
+import redis.exceptions as rex
+from redis.backoff import ExponentialBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
+
+from .base import AppendResult, LoggedEvent, NewEvent, StateStore, StoreUnavailable, WriteOutcome
+from .common import (
+    RedisStoreConfig,
+    decode_event,
+    encode_tail,
+    event_id,
+    event_time,
+    future_reason,
+    late_reason,
+)
+
+# --------------------------------------------------------------------------------------
+# Lua scripts. Every key they touch is in KEYS (cluster routing and correctness).
+
+# KEYS: 1 seq, 2 stream, 3 pending, 4 lt, 5 tmax; then per event i: eid, h:src, h:dst
+# ARGV: 1 n, 2 dedupe ttl ms ('' = forever), 3 history cap, 4 future skew ('' = off);
+#       then per event i: src, dst, t (repr), tail (the JSON after the seq)
+# Returns per event: {seq} | {-1} duplicate | {-2, node, last_t} late | {-3, tmax} future
+APPEND_LUA = """
+local n = tonumber(ARGV[1])
+local ttl = ARGV[2]
+local cap = tonumber(ARGV[3])
+local skew = ARGV[4]
+local tmax_s = redis.call('GET', KEYS[5])
+local tmax = nil
+if tmax_s then tmax = tonumber(tmax_s) end
+local tmax_changed = false
+local out = {}
+for i = 1, n do
+  local kb = 5 + 3 * (i - 1)
+  local ab = 4 + 4 * (i - 1)
+  local src, dst, ts, tail = ARGV[ab + 1], ARGV[ab + 2], ARGV[ab + 3], ARGV[ab + 4]
+  local t = tonumber(ts)
+  if redis.call('EXISTS', KEYS[kb + 1]) == 1 then
+    out[i] = {-1}
+  else
+    local late = nil
+    local ls = redis.call('HGET', KEYS[4], src)
+    if ls and t < tonumber(ls) then late = {-2, src, ls} end
+    if (not late) and dst ~= src then
+      local ld = redis.call('HGET', KEYS[4], dst)
+      if ld and t < tonumber(ld) then late = {-2, dst, ld} end
+    end
+    if late then
+      out[i] = late
+    elseif skew ~= '' and tmax and t > tmax + tonumber(skew) then
+      out[i] = {-3, tmax_s}
+    else
+      local seq = redis.call('INCR', KEYS[1])
+      local seq_s = string.format('%d', seq)
+      local m = '[' .. seq_s .. tail
+      redis.call('XADD', KEYS[2], '0-' .. seq_s, 'e', m)
+      redis.call('ZADD', KEYS[3], seq_s, m)
+      redis.call('ZADD', KEYS[kb + 2], seq_s, m)
+      redis.call('ZREMRANGEBYRANK', KEYS[kb + 2], 0, -(cap + 1))
+      redis.call('HSET', KEYS[4], src, ts)
+      if dst ~= src then
+        redis.call('ZADD', KEYS[kb + 3], seq_s, m)
+        redis.call('ZREMRANGEBYRANK', KEYS[kb + 3], 0, -(cap + 1))
+        redis.call('HSET', KEYS[4], dst, ts)
+      end
+      if ttl == '' then
+        redis.call('SET', KEYS[kb + 1], '1')
+      else
+        redis.call('SET', KEYS[kb + 1], '1', 'PX', ttl)
+      end
+      if (not tmax) or t > tmax then
+        tmax = t
+        tmax_s = ts
+        tmax_changed = true
+      end
+      out[i] = {seq}
+    end
+  end
+end
+if tmax_changed then redis.call('SET', KEYS[5], tmax_s) end
+return out
+"""
+
+# Compare-and-set of state blobs on their watermark (header bytes 32..47: t_last f64,
+# last_seq i64, little-endian). The comparison is on the exact 16 bytes (GETRANGE, so
+# the blob itself is not copied into Lua), which is the float64/int64 equality that
+# struct.unpack('<d', blob, 33) / ('<i8', blob, 41) would test, minus the NaN and
+# -0.0 corner cases. One call takes many keys; on a cluster all of one slot.
+# KEYS: state keys. ARGV: 1 ttl ms ('' = none); then per key i: expected watermark
+#       bytes ('' = the key must be absent), blob. Returns per key 1 written, 0 conflict.
+CAS_LUA = """
+local ttl = ARGV[1]
+local out = {}
+for i = 1, #KEYS do
+  local exp = ARGV[2 * i]
+  local ok
+  if exp == '' then
+    ok = redis.call('EXISTS', KEYS[i]) == 0
+  else
+    ok = redis.call('GETRANGE', KEYS[i], 32, 47) == exp
+  end
+  if ok then
+    if ttl == '' then
+      redis.call('SET', KEYS[i], ARGV[2 * i + 1])
+    else
+      redis.call('SET', KEYS[i], ARGV[2 * i + 1], 'PX', ttl)
+    end
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"""
+
+# KEYS: 1 pending, 2 stream, 3 seq. ARGV: 1 log_keep, 2.. seqs applied.
+# Removes the seqs from pending, then trims the stream below the lowest pending seq,
+# keeping at least log_keep newest entries (the stream holds a contiguous seq range).
+MARK_LUA = """
+for i = 2, #ARGV do
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], ARGV[i], ARGV[i])
+end
+local last = tonumber(redis.call('GET', KEYS[3]) or '0')
+local bound = last + 1
+local low = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #low > 0 then bound = tonumber(low[2]) end
+local keep_from = last - tonumber(ARGV[1]) + 1
+if keep_from < bound then bound = keep_from end
+if bound > 1 then
+  return redis.call('XTRIM', KEYS[2], 'MINID', string.format('0-%d', bound))
+end
+return 0
+"""
+
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    rex.ConnectionError,  # includes BusyLoadingError
+    rex.TimeoutError,
+    rex.ClusterDownError,
+    rex.ClusterError,
+    rex.MasterDownError,
+    rex.ReadOnlyError,
+    rex.TryAgainError,
+    rex.RedisClusterException,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _guard(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except StoreUnavailable:
+            raise
+        except _UNAVAILABLE as e:
+            raise StoreUnavailable(f"state store unavailable: {type(e).__name__}: {e}") from e
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _ms(seconds: float | None) -> str:
+    return "" if seconds is None else str(max(1, int(round(seconds * 1000))))
+
+
+def _fmt_float(x: float) -> str:
+    return repr(float(x))
+
+
+class RedisStore(StateStore):
+    """State store on redis-py (hiredis parser when installed).
+
+    ``connection_class`` (optional, not part of the config) replaces redis-py's
+    connection class, e.g. to count real round trips in tests.
+    """
+
+    def __init__(
+        self,
+        config: RedisStoreConfig | None = None,
+        *,
+        connection_class: type[redis.Connection] | None = None,
+        **options: Any,
+    ) -> None:
+        if config is None:
+            config = RedisStoreConfig(**options)
+        elif options:
+            config = RedisStoreConfig(**{**config.model_dump(), **options})
+        self.config = config
+        extra: dict[str, Any] = {}
+        if connection_class is not None:
+            extra["connection_class"] = connection_class
+        url = config.url
+        scheme = urlsplit(url).scheme.lower()
+        try:
+            if scheme in ("redis+cluster", "rediss+cluster"):
+                self.cluster = True
+                self.backend = "redis-cluster"
+                self._r: Any = _cluster_from_url(url, config.socket_timeout, **extra)
+            elif scheme in ("redis", "rediss", "unix"):
+                self.cluster = False
+                self.backend = "redis"
+                self._r = redis.Redis.from_url(
+                    url,
+                    socket_timeout=config.socket_timeout,
+                    socket_connect_timeout=config.socket_timeout,
+                    retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+                    decode_responses=False,
+                    **extra,
+                )
+            else:
+                raise ValueError(
+                    f"unsupported store URL scheme {scheme!r}: use redis://, rediss://, unix:// or redis+cluster://"
+                )
+        except _UNAVAILABLE as e:
+            raise StoreUnavailable(f"state store unavailable: {type(e).__name__}: {e}") from e
+        p = config.key_prefix
+        self._state_prefix = p
+        log = f"{p}:{{{p}:log}}"
+        self._k_seq = f"{log}:seq".encode()
+        self._k_stream = f"{log}:stream".encode()
+        self._k_pending = f"{log}:pending".encode()
+        self._k_lt = f"{log}:lt".encode()
+        self._k_tmax = f"{log}:tmax".encode()
+        self._k_eid = f"{log}:eid:".encode()
+        self._k_hist = f"{log}:h:".encode()
+        self._scripts = {"append": APPEND_LUA, "cas": CAS_LUA, "mark": MARK_LUA}
+        self._sha = {k: hashlib.sha1(v.encode()).hexdigest() for k, v in self._scripts.items()}
+        self._loaded = False
+
+    # ---- keys ------------------------------------------------------------------------
+    def state_key(self, version: str, node: str) -> bytes:
+        return f"{self._state_prefix}:{{n:{node}}}:s:{version}".encode()
+
+    def history_key(self, node: str) -> bytes:
+        return self._k_hist + node.encode()
+
+    def eid_key(self, eid: str) -> bytes:
+        return self._k_eid + eid.encode()
+
+    @property
+    def client(self) -> Any:
+        """The underlying redis-py client (``redis.Redis`` or ``RedisCluster``)."""
+        return self._r
+
+    # ---- scripts ---------------------------------------------------------------------
+    def load_scripts(self) -> None:
+        """SCRIPT LOAD every script (on every master of a cluster). Done lazily on the
+        first NOSCRIPT; call it at start-up to keep the first request at one round trip."""
+        for name, body in self._scripts.items():
+            sha = self._r.script_load(body)
+            if sha != self._sha[name]:  # pragma: no cover - sha1 is sha1
+                raise RuntimeError("script sha mismatch")
+        self._loaded = True
+
+    def _evalsha(self, name: str, keys: list[bytes], args: list[Any]) -> Any:
+        try:
+            return self._r.evalsha(self._sha[name], len(keys), *keys, *args)
+        except rex.NoScriptError:
+            self.load_scripts()
+            return self._r.evalsha(self._sha[name], len(keys), *keys, *args)
+
+    def _pipe(self) -> Any:
+        return self._r.pipeline(transaction=False) if not self.cluster else self._r.pipeline()
+
+    # ---- state blobs -----------------------------------------------------------------
+    @_guard
+    def read_states(self, version: str, nodes: list[str]) -> list[bytes | None]:
+        if not nodes:
+            return []
+        keys = [self.state_key(version, n) for n in nodes]
+        if self.cluster:
+            return list(self._r.mget_nonatomic(keys))
+        return list(self._r.execute_command("MGET", *keys))
+
+    @_guard
+    def write_states(
+        self, version: str, blobs: dict[str, bytes], expected: dict[str, tuple[float, int] | None]
+    ) -> WriteOutcome:
+        nodes = list(blobs)
+        if not nodes:
+            return WriteOutcome([], [])
+        ttl = _ms(self.config.state_ttl_s)
+        # one script call per slot group: all nodes on one server, per slot on a cluster
+        groups: dict[int, list[str]] = {}
+        for n in nodes:
+            groups.setdefault(
+                self._r.keyslot(self.state_key(version, n)) if self.cluster else 0, []
+            ).append(n)
+        calls = []
+        for group in groups.values():
+            args: list[Any] = [ttl]
+            for n in group:
+                exp = expected.get(n)
+                args += [
+                    b"" if exp is None else struct.pack("<dq", float(exp[0]), int(exp[1])),
+                    blobs[n],
+                ]
+            calls.append(([self.state_key(version, n) for n in group], args))
+        results = self._eval_many("cas", calls)
+        ok = {
+            n
+            for group, res in zip(groups.values(), results, strict=True)
+            for n, r in zip(group, res, strict=True)
+            if r == 1
+        }
+        return WriteOutcome([n for n in nodes if n in ok], [n for n in nodes if n not in ok])
+
+    def _eval_many(self, name: str, calls: list[tuple[list[bytes], list[Any]]]) -> list[Any]:
+        """Several EVALSHA calls in one pipeline (one round trip per server); re-sends
+        (once) the ones that met NOSCRIPT. Each call's keys must share one slot."""
+        if len(calls) == 1 and not self.cluster:
+            return [self._evalsha(name, *calls[0])]
+        sha = self._sha[name]
+        todo = list(range(len(calls)))
+        results: list[Any] = [None] * len(calls)
+        for attempt in range(2):
+            pipe = self._pipe()
+            for i in todo:
+                keys, args = calls[i]
+                if self.cluster:
+                    # Route by our own slot lookup: without target_nodes, redis-py's
+                    # cluster pipeline asks the server (COMMAND GETKEYS) for the keys
+                    # of every EVALSHA, one extra round trip per command.
+                    node = self._r.nodes_manager.get_node_from_slot(self._r.keyslot(keys[0]))
+                    pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args, target_nodes=node)
+                else:
+                    pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+            out = pipe.execute(raise_on_error=False)
+            retry = []
+            for i, r in zip(todo, out, strict=True):
+                if isinstance(r, rex.NoScriptError) and attempt == 0:
+                    retry.append(i)
+                elif isinstance(r, Exception):
+                    raise r
+                else:
+                    results[i] = r
+            if not retry:
+                break
+            self.load_scripts()
+            todo = retry
+        return results
+
+    @_guard
+    def delete_states(self, version: str, nodes: list[str]) -> int:
+        keys = list({self.state_key(version, n) for n in nodes})
+        if not keys:
+            return 0
+        if self.cluster:
+            return int(self._r.delete(*keys))
+        return int(self._r.execute_command("DEL", *keys))
+
+    # ---- event log -------------------------------------------------------------------
+    @_guard
+    def append_events(self, events: list[NewEvent]) -> AppendResult:
+        if not events:
+            return AppendResult(seqs=[])
+        cfg = self.config
+        keys: list[bytes] = [self._k_seq, self._k_stream, self._k_pending, self._k_lt, self._k_tmax]
+        args: list[Any] = [
+            len(events),
+            _ms(cfg.dedupe_ttl_s),
+            cfg.history_cap,
+            "" if cfg.max_future_skew is None else _fmt_float(cfg.max_future_skew),
+        ]
+        times, eids = [], []
+        for ev in events:
+            t = event_time(ev.t)
+            eid = event_id(ev)
+            times.append(t)
+            eids.append(eid)
+            keys += [self.eid_key(eid), self.history_key(ev.src), self.history_key(ev.dst)]
+            args += [ev.src, ev.dst, _fmt_float(t), encode_tail(ev, t, eid)]
+        out = self._evalsha("append", keys, args)
+        result = AppendResult(seqs=[None] * len(events), event_ids=eids)
+        for i, r in enumerate(out):
+            code = int(r[0])
+            if code > 0:
+                result.seqs[i] = code
+            elif code == -1:
+                result.duplicates.append(i)
+            elif code == -2:
+                node = r[1].decode() if isinstance(r[1], bytes) else r[1]
+                result.late.append((i, late_reason(times[i], float(r[2]), node)))
+            elif code == -3:
+                result.late.append(
+                    (i, future_reason(times[i], float(r[1]), float(cfg.max_future_skew or 0.0)))
+                )
+            else:  # pragma: no cover
+                raise RuntimeError(f"append script returned {r!r}")
+        return result
+
+    @_guard
+    def read_histories(
+        self, nodes: list[str], after_seq: list[int] | None = None, limit: int | None = None
+    ) -> list[list[LoggedEvent]]:
+        if not nodes:
+            return []
+        pipe = self._pipe()
+        for i, n in enumerate(nodes):
+            lo = b"-inf" if after_seq is None else b"(%d" % int(after_seq[i])
+            if limit is None:
+                pipe.execute_command("ZRANGE", self.history_key(n), lo, b"+inf", b"BYSCORE")
+            else:
+                pipe.execute_command(
+                    "ZRANGE",
+                    self.history_key(n),
+                    b"+inf",
+                    lo,
+                    b"BYSCORE",
+                    b"REV",
+                    b"LIMIT",
+                    0,
+                    max(int(limit), 0),
+                )
+        out = pipe.execute()
+        if limit is None:
+            return [[decode_event(m) for m in ms] for ms in out]
+        return [[decode_event(m) for m in reversed(ms)] for ms in out]
+
+    @_guard
+    def read_neighbours(self, nodes: list[str], length: int) -> tuple[list[list[str]], np.ndarray]:
+        times = np.full((len(nodes), length), np.nan, dtype=np.float64)
+        if not nodes or length <= 0:
+            return [[] for _ in nodes], times
+        pipe = self._pipe()
+        for n in nodes:
+            pipe.execute_command("ZRANGE", self.history_key(n), -length, -1)
+        ids: list[list[str]] = []
+        for i, (node, ms) in enumerate(zip(nodes, pipe.execute(), strict=True)):
+            row, ts = [], []
+            for m in ms:
+                _seq, src, dst, t, _f, _id = orjson.loads(m)
+                row.append(dst if src == node else src)
+                ts.append(float(t))
+            ids.append(row)
+            if ts:
+                times[i, length - len(ts) :] = ts
+        return ids, times
+
+    @_guard
+    def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]:
+        if count <= 0:
+            return []
+        start = b"-" if after_seq < 0 else b"(0-%d" % int(after_seq)
+        entries = self._r.execute_command(
+            "XRANGE", self._k_stream, start, b"+", b"COUNT", int(count)
+        )
+        return [decode_event(_field(fields, b"e")) for _id, fields in entries]
+
+    @_guard
+    def pending(self, limit: int) -> list[LoggedEvent]:
+        if limit <= 0:
+            return []
+        ms = self._r.execute_command("ZRANGE", self._k_pending, 0, int(limit) - 1)
+        return [decode_event(m) for m in ms]
+
+    @_guard
+    def mark_applied(self, seqs: list[int]) -> None:
+        self._evalsha(
+            "mark",
+            [self._k_pending, self._k_stream, self._k_seq],
+            [self.config.log_keep, *(int(s) for s in seqs)],
+        )
+
+    @_guard
+    def last_event_time(self) -> float | None:
+        v = self._r.execute_command("GET", self._k_tmax)
+        return None if v is None else float(v)
+
+    # ---- housekeeping ------------------------------------------------------------------
+    def ping(self) -> bool:
+        try:
+            return bool(self._r.ping())
+        except (*_UNAVAILABLE, rex.RedisError):
+            return False
+
+    def close(self) -> None:
+        try:
+            self._r.close()
+        except Exception:  # pragma: no cover - closing a dead connection
+            pass
+
+
+def _field(fields: list[bytes] | dict[bytes, bytes], name: bytes) -> bytes:
+    if isinstance(fields, dict):
+        return fields[name]
+    it = iter(fields)
+    for k, v in zip(it, it, strict=True):
+        if k == name:
+            return v
+    raise KeyError(name)
+
+
+def _parse_hosts(netloc_hosts: str) -> Iterable[tuple[str, int]]:
+    for part in netloc_hosts.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if part.startswith("["):  # [ipv6]:port
+            host, _, port = part[1:].partition("]:")
+        else:
+            host, _, port = part.rpartition(":") if ":" in part else (part, "", "6379")
+        yield host, int(port or 6379)
+
+
+def _cluster_from_url(url: str, socket_timeout: float | None, **extra: Any) -> RedisCluster:
+    """``redis+cluster://[user:pass@]host:port[,host:port...]`` -> RedisCluster.
+
+    The first host goes in as a plain ``redis://`` URL (so that redis-py builds its
+    node connection pools from URL options, which honours ``connection_class``),
+    the others as extra startup nodes."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    cred = ""
+    if "@" in netloc:
+        cred, netloc = netloc.rsplit("@", 1)
+        cred += "@"
+    hosts = list(_parse_hosts(netloc))
+    if not hosts:
+        raise ValueError(f"no host in cluster URL {url!r}")
+    scheme = "rediss" if parts.scheme.lower().startswith("rediss") else "redis"
+    (h0, p0), rest = hosts[0], hosts[1:]
+    host0 = f"[{h0}]" if ":" in h0 else h0
+    query = f"?{parts.query}" if parts.query else ""
+    return RedisCluster(
+        url=f"{scheme}://{cred}{host0}:{p0}/0{query}",
+        startup_nodes=[ClusterNode(h, p) for h, p in rest],
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_timeout,
+        decode_responses=False,
+        **extra,
+    )

@@ -1,0 +1,332 @@
+"""The StateStore contract, the same suite on every backend: in-memory, one real Redis
+server and a real 3-master Redis Cluster."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import struct
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from model.node_state import NodeStates, StateCodec, read_watermark
+from state_store.base import NewEvent, StoreUnavailable
+from state_store.factory import make_store
+from state_store.memory import InMemoryStore
+from tests.support.redis_server import free_port
+from tests.support.store_model import tiny_config
+
+V1, V2 = "0123456789abcdef", "fedcba9876543210"
+_EXAMPLE = itertools.count()
+
+
+def blob(t: float, seq: int, fill: int = 0, size: int = 96) -> bytes:
+    """A blob with a watermark header (bytes 32..47) and binary payload."""
+    head = bytearray(64)
+    struct.pack_into("<dq", head, 32, t, seq)
+    return bytes(head) + bytes([(fill + i) % 256 for i in range(size - 64)])
+
+
+def ev(
+    src: str, dst: str, t: float, eid: str | None = None, features: tuple[float, ...] = ()
+) -> NewEvent:
+    return NewEvent(src=src, dst=dst, t=t, features=features, event_id=eid)
+
+
+def bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+# ---- state blobs ---------------------------------------------------------------------------
+
+
+def test_blob_round_trip(make) -> None:
+    s = make()
+    blobs = {"a": blob(1.0, 1, 0), "b": blob(2.0, 2, 7), "\u00fc{x}:y": blob(3.0, 3, 250)}
+    out = s.write_states(V1, blobs, dict.fromkeys(blobs))
+    assert sorted(out.written) == sorted(blobs) and out.conflicts == []
+    assert s.read_states(V1, ["b", "missing", "a", "\u00fc{x}:y"]) == [
+        blobs["b"],
+        None,
+        blobs["a"],
+        blobs["\u00fc{x}:y"],
+    ]
+    assert s.read_states(V1, []) == []
+    assert s.delete_states(V1, ["a", "missing"]) == 1
+    assert s.read_states(V1, ["a", "b"]) == [None, blobs["b"]]
+
+
+def test_real_state_blobs_and_watermarks(make) -> None:
+    cfg = tiny_config()
+    codec = StateCodec(cfg, V1)
+    states = NodeStates.initial(3, cfg)
+    states.h.normal_()
+    states.t_last[:] = torch.tensor([0.1 + 0.2, 1e300, -5e-324], dtype=torch.float64)
+    states.last_seq[:] = torch.tensor([1, 2**53, 3])
+    states.n_events[:] = 1
+    blobs = codec.encode_many(states)
+    s = make()
+    nodes = ["n0", "n1", "n2"]
+    assert (
+        s.write_states(V1, dict(zip(nodes, blobs, strict=True)), dict.fromkeys(nodes)).written
+        == nodes
+    )
+    back = s.read_states(V1, nodes)
+    assert back == blobs
+    assert [read_watermark(b) for b in back] == [(0.1 + 0.2, 1), (1e300, 2**53), (-5e-324, 3)]
+    assert torch.equal(codec.decode_many(back).h, states.h)
+
+
+def test_versions_are_isolated(make) -> None:
+    s = make()
+    s.write_states(V1, {"a": blob(1.0, 1, 1)}, {"a": None})
+    assert s.read_states(V2, ["a"]) == [None]
+    # the other version's absent blob is written with expected None, independently
+    assert s.write_states(V2, {"a": blob(9.0, 9, 2)}, {"a": None}).written == ["a"]
+    assert s.read_states(V1, ["a"]) == [blob(1.0, 1, 1)]
+    assert s.read_states(V2, ["a"]) == [blob(9.0, 9, 2)]
+    assert s.delete_states(V2, ["a"]) == 1
+    assert s.read_states(V1, ["a"]) == [blob(1.0, 1, 1)]
+
+
+def test_compare_and_set(make) -> None:
+    s = make()
+    assert s.write_states(V1, {"a": blob(1.0, 1)}, {"a": None}).written == ["a"]
+    # absent expected, but present: conflict
+    out = s.write_states(V1, {"a": blob(2.0, 2)}, {"a": None})
+    assert out.written == [] and out.conflicts == ["a"]
+    # wrong watermark (t or seq): conflict, nothing changes
+    for wrong in [(1.0, 2), (1.5, 1), (-0.0, 1)]:
+        assert s.write_states(V1, {"a": blob(2.0, 2)}, {"a": wrong}).conflicts == ["a"]
+    assert s.read_states(V1, ["a"]) == [blob(1.0, 1)]
+    # expected a blob that is absent: conflict
+    assert s.write_states(V1, {"b": blob(2.0, 2)}, {"b": (1.0, 1)}).conflicts == ["b"]
+    # right watermark: written; mixed batch reports per node
+    out = s.write_states(
+        V1,
+        {"a": blob(2.0, 2), "b": blob(3.0, 3), "c": blob(4.0, 4)},
+        {"a": (1.0, 1), "b": (0.0, 0), "c": None},
+    )
+    assert sorted(out.written) == ["a", "c"] and out.conflicts == ["b"]
+    assert s.read_states(V1, ["a", "b", "c"]) == [blob(2.0, 2), None, blob(4.0, 4)]
+
+
+# ---- appending -----------------------------------------------------------------------------
+
+
+def test_duplicates_across_retries(make) -> None:
+    s = make()
+    batch = [ev("a", "b", 1.0, "e1"), ev("b", "c", 2.0, "e2"), ev("a", "b", 1.0, "e1")]
+    r1 = s.append_events(batch)
+    assert r1.seqs == [1, 2, None] and r1.duplicates == [2] and r1.late == []
+    assert r1.event_ids == ["e1", "e2", "e1"]
+    r2 = s.append_events(batch)  # a client retry of the same request
+    assert r2.seqs == [None, None, None] and r2.duplicates == [0, 1, 2]
+    assert [e.seq for e in s.read_log(-1, 100)] == [1, 2]
+    assert [len(h) for h in s.read_histories(["a", "b", "c"])] == [1, 2, 1]
+
+
+def test_assigned_event_ids_are_unique(make) -> None:
+    s = make()
+    r = s.append_events([ev("a", "b", 1.0), ev("a", "b", 1.0)])
+    assert r.seqs == [1, 2] and r.duplicates == []
+    assert len(set(r.event_ids)) == 2 and all(len(i) == 32 for i in r.event_ids)
+    assert [e.event_id for e in s.read_log(-1, 10)] == r.event_ids
+
+
+def test_late_events_rejected_across_and_within_batches(make) -> None:
+    s = make()
+    assert s.append_events([ev("a", "b", 5.0, "e1")]).seqs == [1]
+    r = s.append_events(
+        [
+            ev("a", "x", 3.0, "e2"),  # late for a
+            ev("y", "b", 4.0, "e3"),  # late for b (the destination)
+            ev("c", "d", 10.0, "e4"),
+            ev("d", "e", 9.0, "e5"),  # late for d because of e4 in this very batch
+            ev("a", "b", 5.0, "e6"),  # equal time is in order
+            ev("z", "z", 1.0, "e7"),
+        ]
+    )
+    assert r.seqs == [None, None, 2, None, 3, 4]
+    assert [i for i, _ in r.late] == [0, 1, 3]
+    assert r.late[0][1] == "late: t=3.0 < last event 5.0 of node 'a'"
+    assert r.late[1][1] == "late: t=4.0 < last event 5.0 of node 'b'"
+    assert r.late[2][1] == "late: t=9.0 < last event 10.0 of node 'd'"
+    assert r.rejected == r.late
+    # a refused event changed nothing: x, y, e have no history, its id is not remembered
+    assert s.read_histories(["x", "y", "e"]) == [[], [], []]
+    assert s.append_events([ev("x", "q", 0.0, "e2")]).seqs == [5]
+
+
+def test_future_skew(make) -> None:
+    s = make(max_future_skew=100.0)
+    r = s.append_events(
+        [
+            ev("a", "b", 1000.0, "e1"),
+            ev("c", "d", 1100.0, "e2"),
+            ev("e", "f", 1200.5, "e3"),
+            ev("g", "h", 1200.0, "e4"),
+        ]
+    )
+    # the first event ever sets the clock; then each accepted event advances it
+    assert r.seqs == [1, 2, None, 3]
+    assert r.late[0][0] == 2 and r.late[0][1].startswith("future: t=1200.5")
+    assert s.last_event_time() == 1200.0
+    assert s.read_histories(["e"]) == [[]]
+
+
+def test_future_skew_off(make) -> None:
+    s = make()
+    assert s.append_events([ev("a", "b", 1.0), ev("c", "d", 1e15)]).seqs == [1, 2]
+
+
+def test_self_loop_appends_once(make) -> None:
+    s = make()
+    assert s.append_events([ev("a", "a", 1.0, "e1"), ev("a", "b", 2.0, "e2")]).seqs == [1, 2]
+    (h,) = s.read_histories(["a"])
+    assert [e.seq for e in h] == [1, 2]
+    ids, times = s.read_neighbours(["a"], 3)
+    assert ids == [["a", "b"]]
+    np.testing.assert_array_equal(times, [[np.nan, 1.0, 2.0]])
+
+
+def test_non_finite_time_refused_and_nothing_changes(make) -> None:
+    s = make()
+    for bad in [math.nan, math.inf, -math.inf]:
+        with pytest.raises(ValueError):
+            s.append_events([ev("a", "b", 1.0, "ok"), ev("a", "b", bad, "bad")])
+    assert s.read_log(-1, 10) == [] and s.last_event_time() is None
+    assert s.append_events([ev("a", "b", 1.0, "ok")]).seqs == [1]
+
+
+def test_history_cap(make) -> None:
+    s = make(history_cap=3)
+    s.append_events([ev("a", f"n{i}", float(i), f"e{i}") for i in range(10)])
+    ha, h5 = s.read_histories(["a", "n5"])
+    assert [e.seq for e in ha] == [8, 9, 10]  # newest 3 kept
+    assert [e.seq for e in h5] == [6]
+    # the late policy still knows the last time of a node after trimming
+    assert s.append_events([ev("a", "z", 8.5, "late")]).late[0][1].startswith("late: t=8.5")
+    assert len(s.read_log(-1, 100)) == 10  # the global log is not capped per node
+
+
+def test_read_histories_after_and_limit(make) -> None:
+    s = make()
+    s.append_events([ev("a", "b", float(i), f"e{i}") for i in range(6)] + [ev("c", "d", 1.0, "x")])
+    full, b, c = s.read_histories(["a", "b", "c"])
+    assert [e.seq for e in full] == [1, 2, 3, 4, 5, 6] and full == b
+    assert [e.seq for e in c] == [7]
+    after = s.read_histories(["a", "c", "nobody"], after_seq=[3, 7, -1])
+    assert [[e.seq for e in h] for h in after] == [[4, 5, 6], [], []]
+    lim = s.read_histories(["a", "c"], after_seq=[1, -1], limit=2)
+    assert [[e.seq for e in h] for h in lim] == [[5, 6], [7]]
+    assert s.read_histories(["a"], limit=0) == [[]]
+    e = full[2]
+    assert (e.src, e.dst, e.t, e.event_id, e.features) == ("a", "b", 2.0, "e2", ())
+
+
+def test_neighbours_order_and_nan_padding(make) -> None:
+    s = make()
+    s.append_events([ev("a", "b", 1.0), ev("c", "a", 2.0), ev("a", "d", 3.0), ev("a", "b", 4.0)])
+    ids, times = s.read_neighbours(["a", "b", "nobody"], 3)
+    assert ids == [["c", "d", "b"], ["a", "a"], []]
+    assert times.shape == (3, 3) and times.dtype == np.float64
+    np.testing.assert_array_equal(times, [[2.0, 3.0, 4.0], [np.nan, 1.0, 4.0], [np.nan] * 3])
+    ids, times = s.read_neighbours(["a"], 0)
+    assert ids == [[]] and times.shape == (1, 0)
+
+
+def test_log_pending_mark_applied_and_trimming(make) -> None:
+    s = make(log_keep=2)
+    s.append_events([ev(f"s{i}", f"d{i}", float(i), f"e{i}") for i in range(1, 11)])
+    assert [e.seq for e in s.read_log(-1, 100)] == list(range(1, 11))
+    assert [e.seq for e in s.read_log(3, 4)] == [4, 5, 6, 7]
+    assert [e.seq for e in s.pending(3)] == [1, 2, 3]
+    # an applied event above a pending one does not let the log go below the pending one
+    s.mark_applied([2, 3, 4])
+    assert [e.seq for e in s.pending(100)] == [1, 5, 6, 7, 8, 9, 10]
+    assert s.read_log(-1, 1)[0].seq == 1
+    s.mark_applied([1, 5])
+    assert [e.seq for e in s.read_log(-1, 100)] == [6, 7, 8, 9, 10]  # trimmed below lowest pending
+    s.mark_applied([6, 7, 8, 9, 10, 10, 99])  # repeats and unknown seqs are harmless
+    assert s.pending(100) == []
+    assert [e.seq for e in s.read_log(-1, 100)] == [9, 10]  # but log_keep newest stay
+    s.append_events([ev("s1", "x", 20.0, "e20")])
+    assert [e.seq for e in s.read_log(8, 100)] == [9, 10, 11]
+    assert [e.seq for e in s.pending(10)] == [11]
+
+
+def test_log_keeps_everything_by_default(make) -> None:
+    s = make()
+    s.append_events([ev("a", "b", float(i)) for i in range(5)])
+    s.mark_applied([1, 2, 3, 4, 5])
+    assert len(s.read_log(-1, 100)) == 5 and s.pending(10) == []
+
+
+def test_last_event_time(make) -> None:
+    s = make()
+    assert s.last_event_time() is None
+    s.append_events([ev("a", "b", 2.5), ev("c", "d", 1.5)])
+    assert s.last_event_time() == 2.5
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    ts=st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=8),
+    feats=st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=2, max_size=2),
+)
+def test_float64_round_trips_bit_exactly(make, ts, feats) -> None:
+    s = make()  # a new client per example; fresh node names keep examples apart
+    tag = next(_EXAMPLE)
+    ts = sorted(ts)
+    u, v = f"u-{tag}", f"v-{tag}"
+    events = [ev(u, v, t, f"{tag}-{i}", tuple(feats)) for i, t in enumerate(ts)]
+    r = s.append_events(events)
+    assert None not in r.seqs, r.late
+    (hu,) = s.read_histories([u])
+    for e, t in zip(hu, ts, strict=True):
+        assert bits(e.t) == bits(t)
+        assert [bits(x) for x in e.features] == [bits(float(x)) for x in feats]
+    logged = s.read_log(r.seqs[0] - 1, len(ts))
+    assert [bits(e.t) for e in logged] == [bits(t) for t in ts]
+    _, times = s.read_neighbours([v], 1)
+    assert bits(float(times[0, 0])) == bits(ts[-1])
+
+
+# ---- errors and the factory ------------------------------------------------------------------
+
+
+def test_ping(make) -> None:
+    assert make().ping() is True
+
+
+def test_unreachable_redis_raises_store_unavailable() -> None:
+    port = free_port()
+    s = make_store(f"redis://127.0.0.1:{port}/0", socket_timeout=0.5)
+    assert s.ping() is False
+    for call in (
+        lambda: s.read_states(V1, ["a"]),
+        lambda: s.append_events([ev("a", "b", 1.0)]),
+        lambda: s.write_states(V1, {"a": blob(1.0, 1)}, {"a": None}),
+        lambda: s.pending(1),
+    ):
+        with pytest.raises(StoreUnavailable):
+            call()
+    with pytest.raises(StoreUnavailable):
+        make_store(f"redis+cluster://127.0.0.1:{port}", socket_timeout=0.5)
+
+
+def test_factory() -> None:
+    assert isinstance(make_store(None), InMemoryStore)
+    m = make_store(None, history_cap=5, state_ttl_s=None, socket_timeout=1.0, key_prefix="x")
+    assert isinstance(m, InMemoryStore) and m.config.history_cap == 5
+    with pytest.raises(ValueError):
+        make_store("http://localhost:1")
+    with pytest.raises(ValueError):
+        make_store(None, history_cap=0)

@@ -1,0 +1,1 @@
+"""Helpers shared by the test packages (real Redis servers, store workers)."""

@@ -1,0 +1,95 @@
+"""Writer processes for the state-store exactly-once tests.
+
+Importable by name, so multiprocessing 'spawn' children (and ``python -m``) can run
+them: each writer logs a batch of events, then applies it (``apply_logged``), with
+``maybe_crash("after_log")`` in between, as the service does.
+
+    python -m tests.support.store_workers --url URL --rows 0:200 --batch 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+
+from state_store.applier import ApplyStats, apply_logged, logged_events
+from state_store.base import NewEvent
+from state_store.factory import make_store
+from state_store.faults import maybe_crash
+
+_pool_state: dict[str, Any] = {}
+
+
+def log_then_apply(
+    store: Any, advance: Any, batches: list[list[NewEvent]], version: str
+) -> dict[str, Any]:
+    accepted = duplicates = rejected = 0
+    stats = ApplyStats()
+    for batch in batches:
+        res = store.append_events(batch)
+        maybe_crash("after_log")
+        logged = logged_events(batch, res)
+        accepted += len(logged)
+        duplicates += len(res.duplicates)
+        rejected += len(res.late)
+        stats.add(apply_logged(store, version, logged, advance))
+    return {
+        "accepted": accepted,
+        "duplicates": duplicates,
+        "rejected": rejected,
+        "stats": stats.__dict__,
+    }
+
+
+def pool_init(barrier: Any) -> None:
+    """Pool initializer: one torch thread, the model built once per process."""
+    torch.set_num_threads(1)
+    from tests.support.store_model import ModelAdvance, build_model
+
+    _pool_state["barrier"] = barrier
+    _pool_state["advance"] = ModelAdvance(build_model())
+
+
+def pool_writer(task: tuple[str | None, dict[str, Any], list[list[NewEvent]]]) -> dict[str, Any]:
+    """One writer: wait until all writers are ready (so they truly overlap), then go."""
+    from tests.support.store_model import VERSION
+
+    url, options, batches = task
+    _pool_state["barrier"].wait(timeout=120)
+    store = make_store(url, **options)
+    try:
+        t0 = time.perf_counter()
+        out = log_then_apply(store, _pool_state["advance"], batches, VERSION)
+        out["seconds"] = time.perf_counter() - t0
+        out["pid"] = os.getpid()
+        return out
+    finally:
+        store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A writer as its own process (the crash test runs it with DYGSERVE_FAULT set)."""
+    torch.set_num_threads(1)
+    from tests.support.store_model import VERSION, ModelAdvance, build_model, uci_events
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--rows", default="0:100", help="start:stop rows of UCI")
+    ap.add_argument("--batch", type=int, default=50)
+    args = ap.parse_args(argv)
+    start, stop = (int(x) for x in args.rows.split(":"))
+    events = uci_events(stop)[start:stop]
+    batches = [events[i : i + args.batch] for i in range(0, len(events), args.batch)]
+    store = make_store(args.url)
+    out = log_then_apply(store, ModelAdvance(build_model()), batches, VERSION)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
