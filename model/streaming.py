@@ -2,7 +2,7 @@
 evaluator and the HTTP service so that both compute exactly the same numbers:
 
 * ``advance``: apply each node's new events (in (t, seq) order) to its state, all
-  nodes at once: one step when every node has one event, else one padded scan.
+  nodes at once, as a segmented step over event ranks.
 * ``score``: logits for (u, v, tau) pairs from the nodes' states (decayed to tau)
   and their recent-neighbour lists (pair features). Never writes anything.
 """
@@ -66,17 +66,47 @@ def pad_events(per_node: Sequence[Sequence[NodeEvent]], feature_dim: int) -> tup
     return ev, torch.from_numpy(lengths)
 
 
+# On CUDA, nodes with more new events than this go through the chunked scan (parallel
+# over time). On a CPU the scan's chunk-quadratic work loses to the segmented step
+# (measured: 2.5 s vs 0.12 s for 1,000 UCI events with a hub of 101 events), so
+# every node takes the segmented step there.
+SCAN_FROM_EVENTS = 4
+
+
 @torch.no_grad()
 def advance(model: DygMambaLinkModel, states: NodeStates, per_node: Sequence[Sequence[NodeEvent]]) -> NodeStates:
-    """Apply each node's events (already in (t, seq) order) to its state."""
+    """Apply each node's events (already in (t, seq) order) to its state.
+
+    Segmented step: rank k applies the k-th event of every node that has one, in
+    one vectorised step. On CUDA, hubs with many events go through one chunked
+    scan instead. Step and scan are tested equal.
+    """
     if len(states) == 0:
         return states
-    ev, lengths = pad_events(per_node, model.config.edge_feature_dim)
-    if ev.t.shape[1] == 1 and bool((lengths == 1).all()):
-        one = EventInputs(ev.other_key[:, 0], ev.role[:, 0], ev.features[:, 0], ev.t[:, 0], ev.seq[:, 0])
-        return model.step(states, one)
-    final, _ = model.scan(states, ev, lengths)
-    return final
+    lengths = [len(e) for e in per_node]
+    threshold = SCAN_FROM_EVENTS if states.h.is_cuda else max(lengths)
+    long_rows = [i for i, n in enumerate(lengths) if n > threshold]
+    short_rows = [i for i, n in enumerate(lengths) if 0 < n <= threshold]
+    out = states.clone()
+    dim = model.config.edge_feature_dim
+    if long_rows:
+        ev, lens = pad_events([per_node[i] for i in long_rows], dim)
+        final, _ = model.scan(states.select(long_rows), ev, lens)
+        _assign(out, torch.tensor(long_rows), final)
+    if short_rows:
+        ev, lens = pad_events([per_node[i] for i in short_rows], dim)
+        cur = states.select(short_rows)
+        for k in range(int(ev.t.shape[1])):
+            rows = torch.nonzero(lens > k).squeeze(1)
+            step_in = EventInputs(ev.other_key[rows, k], ev.role[rows, k], ev.features[rows, k], ev.t[rows, k], ev.seq[rows, k])
+            _assign(cur, rows, model.step(cur.select(rows), step_in))
+        _assign(out, torch.tensor(short_rows), cur)
+    return out
+
+
+def _assign(target: NodeStates, rows: torch.Tensor, source: NodeStates) -> None:
+    target.h[rows], target.conv[rows] = source.h, source.conv
+    target.t_last[rows], target.last_seq[rows], target.n_events[rows] = source.t_last, source.last_seq, source.n_events
 
 
 @dataclass
