@@ -70,6 +70,8 @@ class ServiceClient:
 
     def score(self, queries: list[Query], batch: int = 5000) -> list[float]:
         logits: list[float] = []
+        if not queries:
+            return logits
         for start in range(0, len(queries), batch):
             part = queries[start : start + batch]
             r = self.http.post("/v1/score", json={"pairs": [{"src": q.src, "dst": q.dst, "t": q.t} for q in part]})
@@ -81,33 +83,49 @@ class ServiceClient:
 def replay(
     client: ServiceClient, stream: EdgeStream, start_time: float, queries: list[Query], batch: int = 1000, progress: bool = False
 ) -> list[float]:
-    """Ingest events with t <= start_time, then score-then-ingest each later timestamp group."""
-    before = np.flatnonzero(stream.t <= start_time)
-    client.ingest(stream, before, batch)
+    """Ingest events with t <= start_time, then score-then-ingest each later timestamp group.
+
+    Consecutive groups are merged into one score call and one ingest call while no
+    query of a group involves a node that an earlier group of the run has events for:
+    a query reads only its two nodes' states and neighbour lists, so that is exactly
+    "score group g, then ingest group g" for each g, with far fewer requests.
+    """
+    client.ingest(stream, np.flatnonzero(stream.t <= start_time), batch)
     by_time: dict[float, list[int]] = {}
     for k, q in enumerate(queries):
         by_time.setdefault(q.t, []).append(k)
     logits = [float("nan")] * len(queries)
     after = np.flatnonzero(stream.t > start_time)
-    times = stream.t[after]
-    bounds = np.flatnonzero(np.diff(times)) + 1
-    groups = np.split(after, bounds) if len(after) else []
-    try:
-        from tqdm import tqdm
+    groups = np.split(after, np.flatnonzero(np.diff(stream.t[after])) + 1) if len(after) else []
 
-        groups_iter = tqdm(groups, desc="replay", disable=not progress)
-    except ImportError:  # pragma: no cover
-        groups_iter = groups
-    for group in groups_iter:
-        t = float(stream.t[group[0]])
-        ks = by_time.pop(t, [])
-        if ks:
-            for k, logit in zip(ks, client.score([queries[k] for k in ks]), strict=True):
+    run_queries: list[int] = []
+    run_events: list[np.ndarray] = []
+    touched: set[str] = set()
+
+    def flush() -> None:
+        if run_queries:
+            for k, logit in zip(run_queries, client.score([queries[k] for k in run_queries]), strict=True):
                 logits[k] = logit
-        client.ingest(stream, group, batch)
-    for ks in by_time.values():  # queries at times with no event left
-        for k, logit in zip(ks, client.score([queries[k] for k in ks]), strict=True):
-            logits[k] = logit
+        if run_events:
+            client.ingest(stream, np.concatenate(run_events), batch)
+        run_queries.clear()
+        run_events.clear()
+        touched.clear()
+
+    from tqdm import tqdm
+
+    for group in tqdm(groups, desc="replay", disable=not progress):
+        ks = by_time.pop(float(stream.t[group[0]]), [])
+        if any(queries[k].src in touched or queries[k].dst in touched for k in ks):
+            flush()
+        run_queries.extend(ks)
+        run_events.append(group)
+        touched.update(stream.src[group])
+        touched.update(stream.dst[group])
+    flush()
+    rest = [k for ks in by_time.values() for k in ks]  # queries at times with no event
+    for k, logit in zip(rest, client.score([queries[k] for k in rest]), strict=True):
+        logits[k] = logit
     return logits
 
 
