@@ -104,7 +104,7 @@ class DygMambaLinkModel(nn.Module):
 
     # ----- padded sequences ------------------------------------------------------------
     def scan(
-        self, states0: NodeStates, ev: EventInputs, lengths: torch.Tensor, return_states: bool = False, chunk: int = 16
+        self, states0: NodeStates, ev: EventInputs, lengths: torch.Tensor, return_states: bool = False, chunk: int = 64
     ) -> tuple[NodeStates, torch.Tensor | None]:
         """Apply up to T events per node (ev fields shaped (N, T), padded past ``lengths``).
 

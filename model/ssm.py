@@ -21,10 +21,10 @@ Two entry points over the same parameters:
 * ``step``: one event for each of a batch of nodes (the serving hot path).
 * ``scan``: padded per-node event sequences from a given initial state. It is a
   genuinely different computation from folding ``step``: the conv runs as one
-  grouped ``conv1d`` over [tail, x], and the recurrence is evaluated in chunks in
-  closed form, ``h_t = exp(A G(-1,t)) h_0 + sum_s exp(A G(s,t)) u_s`` with the
-  segment sums ``G(s,t)`` of the gaps built by a masked cumulative sum (no
-  subtraction of large prefix sums, so huge gaps do not cancel precision).
+  grouped ``conv1d`` over [tail, x], and the recurrence h_t = a_t h_{t-1} + b_t is
+  evaluated as an associative (Hillis-Steele) scan of the affine maps (a_t, b_t),
+  log2(chunk) vectorised levels per time chunk. Only products of decays appear
+  (no division by a cumulative decay), so huge gaps underflow to 0 cleanly.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class SelectiveSSMLayer(nn.Module):
         g: torch.Tensor,
         phi: torch.Tensor,
         lengths: torch.Tensor,
-        chunk: int = 16,
+        chunk: int = 64,
         return_states: bool = False,
     ) -> ScanResult:
         """Run ``T`` padded events per node from ``state0``.
@@ -179,19 +179,18 @@ class SelectiveSSMLayer(nn.Module):
         ys, all_states = [], []
         for start in range(0, t_len, chunk):
             stop = min(start + chunk, t_len)
-            q = stop - start
-            gq = g[:, start:stop]  # (N, q)
-            # seg[n, t, s] = sum_{j=s+1..t} g_j for s <= t, built by a masked cumsum of
-            # gq[j] over j for each s (no difference of prefix sums).
-            lower = torch.tril(torch.ones(q, q, dtype=torch.bool, device=r.device), diagonal=-1)
-            contrib = gq.unsqueeze(-1).expand(n, q, q) * lower  # [n, j, s] = g_j if j > s
-            seg = torch.cumsum(contrib, dim=1)  # [n, t, s]
-            from_init = torch.cumsum(gq, dim=1)  # sum_{j<=t} g_j
-            causal = torch.tril(torch.ones(q, q, dtype=torch.bool, device=r.device))
-            kernel = torch.exp(rate.view(1, 1, 1, *rate.shape) * seg.view(n, q, q, 1, 1))
-            kernel = kernel * causal.view(1, q, q, 1, 1)  # (N, t, s, di, ds)
-            hq = torch.einsum("ntsij,nsij->ntij", kernel, u[:, start:stop])
-            hq = hq + torch.exp(rate * from_init.view(n, q, 1, 1)) * h.unsqueeze(1)
+            # Per-position decay a_t = exp(A lam g_t) and input b_t; fold h into b_0.
+            a = torch.exp(rate * g[:, start:stop, None, None])  # (N, q, di, ds)
+            b = u[:, start:stop]
+            b = torch.cat([(b[:, :1] + a[:, :1] * h.unsqueeze(1)), b[:, 1:]], dim=1)
+            # Hillis-Steele inclusive scan of the affine maps h -> a h + b:
+            # (a2, b2) o (a1, b1) = (a2 a1, a2 b1 + b2), log2(q) vectorised levels.
+            d = 1
+            while d < stop - start:
+                b = torch.cat([b[:, :d], b[:, d:] + a[:, d:] * b[:, :-d]], dim=1)
+                a = torch.cat([a[:, :d], a[:, d:] * a[:, :-d]], dim=1)
+                d *= 2
+            hq = b  # state after each position of the chunk
             ys.append((hq * c[:, start:stop].unsqueeze(2)).sum(-1) + self.D * xc[:, start:stop])
             if return_states:
                 all_states.append(hq)
