@@ -24,6 +24,8 @@ from .auth import require_api_key
 from .engine import Engine, ModelRuntime, RequestRefused
 from .limits import BodyLimitMiddleware, InFlightMiddleware
 from .schemas import (
+    MAX_ABS_TIME,
+    ErrorResponse,
     EventsRequest,
     EventsResponse,
     ModelInfo,
@@ -39,6 +41,11 @@ from .settings import Settings, get_settings
 
 log = logging.getLogger("dygserve")
 REDRIVE_INTERVAL_S = 1.0
+# What the v1 routes answer besides 200, so the OpenAPI document matches the bodies
+# (FastAPI's default 422 schema has no room for {"detail": "<message>"}).
+ERROR_RESPONSES: dict[int | str, dict] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 403, 413, 422, 503)
+}
 
 
 def engine_of(request: Request) -> Engine:
@@ -60,7 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         import torch
 
         torch.set_num_threads(settings.torch_threads)
-        runtime = ModelRuntime.load(settings.checkpoint)
+        runtime = ModelRuntime.load(settings.checkpoint, settings.backend, settings.onnx_dir)
         store = make_store(
             settings.redis_url,
             history_cap=settings.history_cap,
@@ -117,7 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return _error(400, "JSON nested too deeply")
 
     # ----- write ---------------------------------------------------------------------
-    @app.post("/v1/events", response_model=EventsResponse, dependencies=[Depends(require_api_key)], tags=["ingest"])
+    @app.post("/v1/events", response_model=EventsResponse, dependencies=[Depends(require_api_key)], tags=["ingest"], responses=ERROR_RESPONSES)
     async def post_events(body: EventsRequest, engine: EngineDep, wait: bool = True) -> ORJSONResponse:
         """Log a batch of edge events, then advance both endpoints' states by one step each."""
         if len(body.events) > settings.max_batch_events:
@@ -132,12 +139,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return ORJSONResponse(result)
 
     # ----- score ---------------------------------------------------------------------
-    @app.get("/v1/score", response_model=ScoreDetail, tags=["score"])
+    @app.get("/v1/score", response_model=ScoreDetail, tags=["score"], responses=ERROR_RESPONSES)
     async def get_score(
         engine: EngineDep,
         src: Annotated[str, Query(min_length=1, max_length=MAX_ID_BYTES)],
         dst: Annotated[str, Query(min_length=1, max_length=MAX_ID_BYTES)],
-        t: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+        t: Annotated[float | None, Query(allow_inf_nan=False, ge=-MAX_ABS_TIME, le=MAX_ABS_TIME)] = None,
     ) -> ORJSONResponse:
         """Probability of a link src -> dst at time t (default: the latest event time seen)."""
         start = time.perf_counter()
@@ -152,7 +159,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             }  # fmt: skip
         )
 
-    @app.post("/v1/score", response_model=ScoreResponse, tags=["score"])
+    @app.post("/v1/score", response_model=ScoreResponse, tags=["score"], responses=ERROR_RESPONSES)
     async def post_score(body: ScoreRequest, engine: EngineDep) -> ORJSONResponse:
         """A batch of candidate links in one call."""
         if len(body.pairs) > settings.max_score_pairs:
@@ -168,7 +175,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             }
         )
 
-    @app.post("/v1/rank", response_model=RankResponse, tags=["score"])
+    @app.post("/v1/rank", response_model=RankResponse, tags=["score"], responses=ERROR_RESPONSES)
     async def post_rank(body: RankRequest, engine: EngineDep) -> ORJSONResponse:
         """One source, many candidate destinations, sorted by probability (TGB MRR use case)."""
         if len(body.candidates) > settings.max_rank_candidates:
@@ -187,25 +194,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     # ----- introspection and admin ---------------------------------------------------
-    @app.get("/v1/nodes/{node}", response_model=NodeSummary, tags=["debug"])
+    @app.get("/v1/nodes/{node}", response_model=NodeSummary, tags=["debug"], responses=ERROR_RESPONSES)
     async def get_node(node: str, engine: EngineDep) -> ORJSONResponse:
         if len(node.encode()) > MAX_ID_BYTES:
             raise RequestRefused(422, f"a node id is at most {MAX_ID_BYTES} bytes")
         return ORJSONResponse(await run_in_threadpool(engine.node_summary, node))
 
-    @app.get("/v1/model", response_model=ModelInfo, tags=["admin"])
+    @app.get("/v1/model", response_model=ModelInfo, tags=["admin"], responses=ERROR_RESPONSES)
     async def get_model(engine: EngineDep) -> ORJSONResponse:
         rt = engine.runtime
         return ORJSONResponse(
             {
                 "model_version": rt.version,
                 "checkpoint": str(rt.checkpoint.path),
+                "backend": rt.backend,
                 "config": rt.config.model_dump(mode="json"),
                 "metrics": rt.checkpoint.metrics,
             }
         )
 
-    @app.post("/v1/admin/reload", response_model=ModelInfo, dependencies=[Depends(require_api_key)], tags=["admin"])
+    @app.post("/v1/admin/reload", response_model=ModelInfo, dependencies=[Depends(require_api_key)], tags=["admin"], responses=ERROR_RESPONSES)
     async def reload(body: ReloadRequest, engine: EngineDep) -> ORJSONResponse:
         """Switch to another checkpoint under the models directory; states of the new
         version rebuild lazily from history (or with `dygserve backfill`)."""
@@ -214,7 +222,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not target.is_relative_to(root):
             raise RequestRefused(403, "checkpoints load only from under the models directory")
         try:
-            runtime = await run_in_threadpool(ModelRuntime.load, target)
+            runtime = await run_in_threadpool(ModelRuntime.load, target, settings.backend)
         except CheckpointError as exc:
             raise RequestRefused(422, f"checkpoint refused, still serving {engine.runtime.version}: {exc}") from exc
         old = engine.swap(runtime)

@@ -1,6 +1,10 @@
 """``dygserve bench``: speed of the pipelines, written as a report.
 
 * ``bench store --redis-url URL``: the state store alone (``state_store.bench``).
+* ``bench all [--doc docs/BENCHMARKS.md]``: everything in one run on a Redis it
+  starts itself: the store bench, the pipeline bench, and the HTTP service under
+  the replay load generator (ingest in batches of 1,000; single GET /v1/score at
+  200 requests/s; POST /v1/score with 1,000 pairs), written to the report.
 * ``bench pipeline [--redis-url URL]``: the service engine in process on a real
   Redis (started here on a free loopback port when no URL is given): ingest of a
   real stream in batches of 1,000 events, batch scoring of 1,000 pairs from cached
@@ -137,6 +141,124 @@ def bench_pipeline(checkpoint: Path, data: Path, redis_url: str | None, events: 
     )
 
 
+def _start_service(redis_url: str, checkpoint: Path, log_dir: str) -> tuple[subprocess.Popen, str]:
+    import os
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DYGSERVE_REDIS_URL": redis_url, "DYGSERVE_CHECKPOINT": str(checkpoint),
+           "DYGSERVE_PORT": str(port), "DYGSERVE_HOST": "127.0.0.1"}  # fmt: skip
+    log = open(Path(log_dir) / "service.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"], env=env, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("service did not become ready")
+
+
+def bench_http(url: str, data: Path, out: Path) -> list[str]:
+    import asyncio
+
+    import httpx
+
+    from loadtests.replay_load import LoadConfig, run_load, write_outputs
+
+    rows = []
+    ingest_cfg = LoadConfig(url=url, data=str(data), out=str(out / "ingest"), batch_size=1000, concurrency=2,
+                            max_events=30_000, duration=120, score_rate=0, plots=True)  # fmt: skip
+    report, lat = asyncio.run(run_load(ingest_cfg))
+    write_outputs(report, lat, ingest_cfg.out)
+    ev = report.latency.get("events")
+    rows.append(f"| HTTP ingest, batches of 1,000 events, 2 clients | {report.events_per_s:,.0f} events/s "
+                f"(p50 {ev.p50_ms:.0f} ms, p99 {ev.p99_ms:.0f} ms per batch) |" if ev else
+                f"| HTTP ingest, batches of 1,000 events | {report.events_per_s:,.0f} events/s |")  # fmt: skip
+    get_cfg = LoadConfig(url=url, data=str(data), out=str(out / "get"), batch_size=100, concurrency=1, start_row=30_000,
+                         max_events=100_000, event_rate=500, duration=30, score_rate=200, score_mode="get",
+                         score_concurrency=4, plots=True)  # fmt: skip
+    report, lat = asyncio.run(run_load(get_cfg))
+    write_outputs(report, lat, get_cfg.out)
+    for route, st in sorted(report.latency.items()):
+        if "score" in route:
+            rows.append(f"| single {route} at {report.score_requests_per_s:,.0f} req/s (with 500 events/s ingest) | "
+                        f"p50 {st.p50_ms:.2f} ms, p95 {st.p95_ms:.2f} ms, p99 {st.p99_ms:.2f} ms, max {st.max_ms:.1f} ms |")  # fmt: skip
+    stream = read_edge_stream(data, limit=30_000)
+    nodes = np.unique(np.concatenate([stream.src, stream.dst]))
+    rng = np.random.default_rng(1)
+    t = float(stream.t[-1])
+    body = {"pairs": [{"src": str(a), "dst": str(b), "t": t} for a, b in zip(rng.choice(nodes, 1000), rng.choice(nodes, 1000), strict=True)]}
+    with httpx.Client(base_url=url, timeout=60) as c:
+        c.post("/v1/score", json=body)
+        start = time.perf_counter()
+        for _ in range(20):
+            c.post("/v1/score", json=body).raise_for_status()
+        rate = 20 * 1000 / (time.perf_counter() - start)
+    rows.append(f"| HTTP POST /v1/score, 1,000 pairs per request, 1 client | {rate:,.0f} pairs/s |")
+    return rows
+
+
+def bench_all(checkpoint: Path, data: Path, doc: Path, out: Path) -> str:
+    from state_store.bench import run_store_bench
+
+    out.mkdir(parents=True, exist_ok=True)
+    proc, redis_url, workdir = _start_redis()
+    try:
+        store = run_store_bench(redis_url)
+        pipeline = bench_pipeline(checkpoint, data, redis_url, 20_000, 64)
+        import redis as redis_lib
+
+        redis_lib.Redis.from_url(redis_url).flushall()
+        svc, url = _start_service(redis_url, checkpoint, str(out))
+        try:
+            http_rows = bench_http(url, data, out)
+        finally:
+            svc.terminate()
+            svc.wait(timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+    text = "\n".join(
+        [
+            "# Benchmarks",
+            "",
+            "Written by `make bench` (`dygserve bench all`): every figure below comes from one run",
+            "on the machine named here, Redis started locally by the command, the service on",
+            "uvicorn (1 worker, 1 torch thread), client and servers sharing the same cores.",
+            "Figures are measurements, not guarantees; tests never assert them.",
+            "",
+            "## Pipeline (engine in process, local Redis)",
+            "",
+            pipeline,
+            "",
+            "## HTTP service under the replay load generator (`loadtests/replay_load.py`)",
+            "",
+            "| figure | value |",
+            "| --- | --- |",
+            *http_rows,
+            "",
+            f"Plots and JSON reports: `{out}` (latency histograms, throughput over time).",
+            "",
+            "## State store alone (`dygserve bench store`)",
+            "",
+            store.get("markdown", ""),
+            "",
+        ]
+    )
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dygserve bench")
     sub = p.add_subparsers(dest="what", required=True)
@@ -148,7 +270,16 @@ def main(argv: list[str] | None = None) -> int:
     pipe.add_argument("--redis-url", default=None)
     pipe.add_argument("--events", type=int, default=20_000)
     pipe.add_argument("--window", type=int, default=64)
+    every = sub.add_parser("all")
+    every.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
+    every.add_argument("--data", type=Path, default=Path("../shared/data/uci/edges.csv.gz"))
+    every.add_argument("--doc", type=Path, default=Path("docs/BENCHMARKS.md"))
+    every.add_argument("--out", type=Path, default=Path("runs/bench"))
     args = p.parse_args(argv)
+    if args.what == "all":
+        torch.set_num_threads(1)
+        print(bench_all(args.checkpoint, args.data, args.doc, args.out))
+        return 0
     if args.what == "store":
         from state_store.bench import main as store_main
 

@@ -23,6 +23,16 @@ def _serve(args: argparse.Namespace) -> int:
     from .settings import Settings
 
     settings = Settings()
+    # Refuse a tampered, truncated or mismatched checkpoint here, with one clear line and
+    # a non-zero exit: with several workers uvicorn's supervisor exits 0 when a worker
+    # fails to start, and with one it prints a traceback.
+    from model.checkpoint import CheckpointError, load_checkpoint
+
+    try:
+        load_checkpoint(settings.checkpoint)
+    except CheckpointError as exc:
+        print(f"error: checkpoint refused: {exc}", file=sys.stderr)
+        return 2
     if settings.workers > 1:
         if not settings.redis_url:
             print("error: the embedded store is in-process: several workers need --redis-url", file=sys.stderr)
@@ -64,11 +74,6 @@ def _delegate(module: str):
     return run
 
 
-def _export_onnx(args: argparse.Namespace) -> int:
-    print("error: export-onnx is not implemented yet (the onnxruntime backend is open work)", file=sys.stderr)
-    return 2
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dygserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("train", "model.train", "train a checkpoint offline on an edge stream"),
         ("evaluate", "model.evaluate", "evaluate a checkpoint with the DyGLib/TGB protocol"),
         ("replay", "service.replay", "stream a dataset into a running service and report AP/AUC"),
-        ("bench", "service.bench", "benchmarks: `bench store`, `bench all`"),
+        ("bench", "service.bench", "benchmarks: `bench store`, `bench pipeline`, `bench all`"),
+        ("export-onnx", "model.onnx_export", "export step and read-out/head graphs for the onnxruntime backend"),
     ):
         p = sub.add_parser(name, help=helptext, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -100,9 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--batch", type=int, default=1000)
     backfill.set_defaults(func=_backfill)
 
-    onnx = sub.add_parser("export-onnx", help="export step/read-out/head graphs to ONNX (not yet)")
-    onnx.add_argument("rest", nargs=argparse.REMAINDER)
-    onnx.set_defaults(func=_export_onnx)
     return parser
 
 

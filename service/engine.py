@@ -60,16 +60,23 @@ def timed_store(op: str) -> Iterator[None]:
 class ModelRuntime:
     """One loaded checkpoint: model, codec, and the store-facing advance function."""
 
-    def __init__(self, checkpoint: LoadedCheckpoint) -> None:
+    def __init__(self, checkpoint: LoadedCheckpoint, backend: str = "torch", onnx_dir: Path | None = None) -> None:
         self.checkpoint = checkpoint
-        self.model = checkpoint.model
+        self.backend = backend
+        if backend == "onnx":
+            from model.onnx_backend import OnnxLinkModel
+
+            # Same surface as the torch model for model.streaming; refuses a stale export.
+            self.model = OnnxLinkModel.from_loaded(checkpoint, onnx_dir=onnx_dir)
+        else:
+            self.model = checkpoint.model
         self.config = checkpoint.config
         self.version = checkpoint.version
         self.codec = StateCodec(self.config, self.version)
 
     @classmethod
-    def load(cls, path: Path) -> ModelRuntime:
-        return cls(load_checkpoint(path))
+    def load(cls, path: Path, backend: str = "torch", onnx_dir: Path | None = None) -> ModelRuntime:
+        return cls(load_checkpoint(path), backend, onnx_dir)
 
     def decode(self, blobs: Sequence[bytes | None]) -> NodeStates:
         """States for a list of blobs; None -> the initial state."""

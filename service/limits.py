@@ -53,18 +53,28 @@ class BodyLimitMiddleware:
                     return
         seen = 0
         started = False
+        too_large = False
 
         async def counted_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, too_large
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
+                    too_large = True
                     raise BodyTooLarge
             return message
 
         async def tracked_send(message: Message) -> None:
             nonlocal started
+            if too_large:
+                # FastAPI turns any error while reading the body into its own 400
+                # ("There was an error parsing the body"): whatever the app answers
+                # once the limit tripped, the client gets the 413.
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    await _reply(send, 413, f"body over {self.max_bytes} bytes")
+                return
             if message["type"] == "http.response.start":
                 started = True
             await send(message)

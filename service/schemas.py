@@ -2,15 +2,25 @@
 
 Unknown fields are refused (422); node ids are strings, JSON integers are accepted
 and mean their decimal string; numbers must be finite.
+
+Numbers: a JSON integer of any size arrives as a Python int and is converted to float64
+first (one too large for float64 is refused, not a 500). Timestamps must lie within
++-MAX_ABS_TIME, so every time gap stays finite once scaled and cast to float32 (a gap
+of ~1e41 dataset units made the time encoder, hence the node's state, NaN for good);
+edge features must be finite as float32, the dtype the model reads them in. Ids
+(node ids and event ids) are at most MAX_ID_BYTES bytes of UTF-8.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt
 
 from model.node_ids import MAX_ID_BYTES
+
+MAX_ABS_TIME = 1e20  # |t| bound (ns since the epoch is ~1.8e18)
+MAX_FEATURE = 3.4028234663852886e38  # float32 max: features are cast to float32
 
 
 def _node_id(value: object) -> str:
@@ -24,9 +34,26 @@ def _node_id(value: object) -> str:
     return text
 
 
+def _number(value: object) -> object:
+    """JSON integers (any size) -> float64; one beyond float64 is a validation error."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            raise ValueError("number outside the float64 range") from None
+    return value
+
+
+def _id_bytes(value: str) -> str:
+    if len(value.encode("utf-8")) > MAX_ID_BYTES:
+        raise ValueError(f"an id is at most {MAX_ID_BYTES} bytes")
+    return value
+
+
 NodeId = Annotated[str, BeforeValidator(_node_id)]
-Time = Annotated[StrictFloat | StrictInt, Field(allow_inf_nan=False)]
-FiniteFloat = Annotated[StrictFloat | StrictInt, Field(allow_inf_nan=False)]
+# StrictFloat after _number: JSON integers are accepted (converted), booleans and strings are not.
+Time = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-MAX_ABS_TIME, le=MAX_ABS_TIME), BeforeValidator(_number)]
+FiniteFloat = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-MAX_FEATURE, le=MAX_FEATURE), BeforeValidator(_number)]
 
 
 class _Strict(BaseModel):
@@ -38,13 +65,25 @@ class EventIn(_Strict):
     dst: NodeId
     t: Time = Field(description="event time (seconds or the dataset's unit), float64")
     features: list[FiniteFloat] | None = Field(None, description="edge features; length fixed by the checkpoint")
-    event_id: Annotated[str, Field(min_length=1, max_length=MAX_ID_BYTES)] | None = Field(
+    event_id: Annotated[str, Field(min_length=1, max_length=MAX_ID_BYTES), AfterValidator(_id_bytes)] | None = Field(
         None, description="client id for exactly-once retries"
     )
 
 
 class EventsRequest(_Strict):
     events: list[EventIn]
+
+
+class ValidationIssue(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx/5xx of the v1 routes: a message, or the list of validation issues."""
+
+    detail: str | list[ValidationIssue]
 
 
 class Rejected(BaseModel):
@@ -127,5 +166,6 @@ class ReloadRequest(_Strict):
 class ModelInfo(BaseModel):
     model_version: str
     checkpoint: str
+    backend: str
     config: dict
     metrics: dict

@@ -35,7 +35,8 @@ class Settings(BaseSettings):
     history_cap: int = Field(10_000, ge=1, description="events kept per node for cold rebuilds")
     state_ttl_s: int | None = Field(None, ge=1, description="TTL of state blobs (they rebuild from history when gone)")
     dedupe_ttl_s: int = Field(7 * 24 * 3600, ge=1, description="how long event ids are remembered")
-    backend: Literal["torch"] = Field("torch", description="inference backend (onnxruntime export: not yet)")
+    backend: Literal["torch", "onnx"] = Field("torch", description="inference backend: PyTorch or onnxruntime (same numbers)")
+    onnx_dir: Path | None = Field(None, description="pre-exported ONNX graphs of the checkpoint (default: export at start)")
     torch_threads: int = Field(1, ge=1)
 
 
