@@ -65,15 +65,6 @@ def _backfill(args: argparse.Namespace) -> int:
     return 0
 
 
-def _delegate(module: str):
-    def run(args: argparse.Namespace) -> int:
-        import importlib
-
-        return int(importlib.import_module(module).main(args.rest) or 0)
-
-    return run
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dygserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,16 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=_serve)
 
-    for name, module, helptext in (
-        ("train", "model.train", "train a checkpoint offline on an edge stream"),
-        ("evaluate", "model.evaluate", "evaluate a checkpoint with the DyGLib/TGB protocol"),
-        ("replay", "service.replay", "stream a dataset into a running service and report AP/AUC"),
-        ("bench", "service.bench", "benchmarks: `bench store`, `bench pipeline`, `bench all`"),
-        ("export-onnx", "model.onnx_export", "export step and read-out/head graphs for the onnxruntime backend"),
+    for name, helptext in (
+        ("train", "train a checkpoint offline on an edge stream"),
+        ("evaluate", "evaluate a checkpoint with the DyGLib/TGB protocol"),
+        ("replay", "stream a dataset into a running service and report AP/AUC"),
+        ("bench", "benchmarks: `bench store`, `bench pipeline`, `bench all`"),
+        ("export-onnx", "export step and read-out/head graphs for the onnxruntime backend"),
     ):
-        p = sub.add_parser(name, help=helptext, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=_delegate(module))
+        sub.add_parser(name, help=helptext, add_help=False)  # dispatched in main()
 
     backfill = sub.add_parser("backfill", help="rebuild the states of a model version from the stored histories")
     backfill.add_argument("--checkpoint", default=None)
@@ -109,7 +98,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DELEGATED = {
+    "train": "model.train",
+    "evaluate": "model.evaluate",
+    "replay": "service.replay",
+    "bench": "service.bench",
+    "export-onnx": "model.onnx_export",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DELEGATED:
+        # The subcommand's own parser sees every flag, --help included.
+        import importlib
+
+        return int(importlib.import_module(DELEGATED[argv[0]]).main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
