@@ -1,0 +1,477 @@
+"""The streaming evaluator: TGB's "score, then update" with exact visibility.
+
+The whole stream is replayed in time order. Events before the evaluated region are
+ingested without scoring; then, for each group of evaluated events that share a
+timestamp, every query at that time (positives and their negatives) is FIRST scored
+from the current states and recent-neighbour lists with ``streaming.score`` (so from
+the states after every event with time < t), and THEN the group is ingested with
+``streaming.advance`` (each node's events in (t, seq) order, seq = row index) and
+the neighbour lists get the group's (key, t) entries (last ``neighbour_list_len``
+per node). These are the two functions the HTTP service runs, so replaying the same
+stream through the service gives the same scores (``--write-scores`` writes them).
+
+``visibility="batch"`` (TGN/TGB memory style, for comparison) groups the evaluated
+events in fixed batches of 200 consecutive events instead of timestamps.
+
+Protocol (DyGLib): chronological 70/15/15 split at the time quantiles; settings
+"transductive" (all validation/test events) and "inductive" (events with at least
+one endpoint never seen in training); negatives random / historical / inductive
+(``negatives.py``; seeds: val 0, inductive val 1, test 2, inductive test 3); AP and
+AUC averaged over evaluation batches of 200 positives (DyGLib) and global; MRR
+against K random destinations per positive (TGB style).
+
+CLI::
+
+    python -m model.evaluate --checkpoint DIR --data PATH [--out DIR]
+        [--visibility exact|batch] [--write-scores FILE] [--mrr-k 20]
+        [--max-events N] [--splits val,test] [--baselines]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .data import ChronologicalSplit, chronological_split, read_edge_stream
+from .link_model import DygMambaLinkModel
+from .metrics import DYGLIB_EVAL_BATCH, batched, mrr
+from .negatives import STRATEGIES, EvalNegativeSampler, mrr_negatives
+from .node_state import NodeStates
+from .pair_features import PAD_KEY
+from .streaming import NeighbourLists, NodeEvent, advance, endpoint_events, pad_events, score
+from .training_batches import IndexedStream
+
+SPLIT_SEEDS = {("val", "transductive"): 0, ("val", "inductive"): 1, ("test", "transductive"): 2, ("test", "inductive"): 3}
+MRR_SEEDS = {"val": 10, "test": 12}
+# Bound on rows x padded length of one advance() call when ingesting a big group
+# (keeps the scan's chunk kernels small); nodes are independent, so splitting the
+# nodes of a group over several calls changes nothing.
+INGEST_ROW_BUDGET = 2048
+
+
+# ===================================================================== replay state
+class StreamReplay:
+    """Per-node states and recent-neighbour lists of every node of a stream."""
+
+    def __init__(self, model: DygMambaLinkModel, data: IndexedStream) -> None:
+        self.model = model
+        self.data = data
+        n = data.num_nodes
+        self.length = model.config.neighbour_list_len
+        self.states = NodeStates.initial(n, model.config)
+        self.nbr_keys = np.full((n, self.length), PAD_KEY, dtype=np.int64)
+        self.nbr_t = np.full((n, self.length), np.inf, dtype=np.float64)
+        self.applied = 0
+
+    def per_node_events(self, events: np.ndarray) -> tuple[np.ndarray, list[list[NodeEvent]]]:
+        """Each touched node's events in (t, seq) order (a self-loop: src entry first)."""
+        d = self.data
+        per: dict[int, list[NodeEvent]] = {}
+        keys = d.keys
+        for e in np.asarray(events, dtype=np.int64).tolist():
+            u, v = int(d.src[e]), int(d.dst[e])
+            a, b = endpoint_events(int(keys[u]), int(keys[v]), d.features[e].tolist(), float(d.t[e]), e)
+            per.setdefault(u, []).append(a)
+            per.setdefault(v, []).append(b)
+        nodes = np.fromiter(per.keys(), dtype=np.int64, count=len(per))
+        return nodes, [per[int(k)] for k in nodes]
+
+    def ingest(self, events: np.ndarray, bulk: bool = False) -> None:
+        """Apply events (stream indices, in stream order) with ``streaming.advance``.
+
+        ``bulk`` (unscored history before the evaluated region) runs the same padded
+        ``model.scan`` that ``advance`` runs, with a chunk of 1 position instead of
+        16: the same recurrence, only cheaper for long per-node runs (its results
+        agree with ``advance`` to float32 rounding).
+        """
+        if len(events) == 0:
+            return
+        nodes, lists = self.per_node_events(events)
+        lengths = np.array([len(x) for x in lists])
+        order = np.argsort(lengths, kind="stable")
+        start = 0
+        while start < len(order):
+            stop = start + 1
+            while stop < len(order) and (stop - start + 1) * lengths[order[stop]] <= INGEST_ROW_BUDGET:
+                stop += 1
+            idx = order[start:stop]
+            sel = torch.from_numpy(nodes[idx])
+            if bulk:
+                ev, lens = pad_events([lists[i] for i in idx], self.model.config.edge_feature_dim)
+                with torch.no_grad():
+                    new, _ = self.model.scan(self.states.select(sel), ev, lens, chunk=1)
+            else:
+                new = advance(self.model, self.states.select(sel), [lists[i] for i in idx])
+            self.states.h[sel] = new.h
+            self.states.conv[sel] = new.conv
+            self.states.t_last[sel] = new.t_last
+            self.states.last_seq[sel] = new.last_seq
+            self.states.n_events[sel] = new.n_events
+            start = stop
+        for node, evs in zip(nodes.tolist(), lists, strict=True):
+            k = min(len(evs), self.length)
+            tail = evs[-k:]
+            self.nbr_keys[node, : self.length - k] = self.nbr_keys[node, k:]
+            self.nbr_t[node, : self.length - k] = self.nbr_t[node, k:]
+            self.nbr_keys[node, self.length - k :] = [e.other_key for e in tail]
+            self.nbr_t[node, self.length - k :] = [e.t for e in tail]
+        self.applied += len(events)
+
+    def neighbour_lists(self, nodes: np.ndarray) -> NeighbourLists:
+        return NeighbourLists(torch.from_numpy(self.nbr_keys[nodes]), torch.from_numpy(self.nbr_t[nodes]))
+
+    def score(self, qs: np.ndarray, qd: np.ndarray, qt: np.ndarray) -> np.ndarray:
+        """Logits of (src, dst, t) queries (dense node indices) with ``streaming.score``."""
+        if len(qs) == 0:
+            return np.zeros(0, dtype=np.float64)
+        s_idx, d_idx = torch.from_numpy(qs), torch.from_numpy(qd)
+        logits = score(
+            self.model,
+            self.states.select(s_idx),
+            self.states.select(d_idx),
+            torch.from_numpy(self.data.keys[qs]),
+            torch.from_numpy(self.data.keys[qd]),
+            torch.from_numpy(np.asarray(qt, dtype=np.float64)),
+            self.neighbour_lists(qs),
+            self.neighbour_lists(qd),
+        )
+        return logits.to(torch.float64).numpy()
+
+
+# ===================================================================== queries
+@dataclass
+class Queries:
+    """All queries of an evaluation, with the event (positive) each one belongs to."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    t: np.ndarray
+    event: np.ndarray  # stream index of the positive event
+    kind: np.ndarray  # object: "pos", "random", "historical", "inductive", "mrr"
+    setting: np.ndarray  # object: "" for positives, "transductive", "inductive"
+    split: np.ndarray  # object: "val" / "test"
+    logit: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def __len__(self) -> int:
+        return int(self.t.shape[0])
+
+
+def build_queries(
+    data: IndexedStream,
+    split: ChronologicalSplit,
+    splits: Sequence[str] = ("val", "test"),
+    settings: Sequence[str] = ("transductive", "inductive"),
+    strategies: Sequence[str] = STRATEGIES,
+    mrr_k: int = 20,
+    batch_size: int = DYGLIB_EVAL_BATCH,
+) -> Queries:
+    last_observed = float(data.t[split.train].max()) if split.train.any() else -np.inf
+    rows: list[tuple[np.ndarray, ...]] = []
+
+    def add(s, d, t, e, kind, setting, split_name):
+        n = len(s)
+        rows.append((
+            np.asarray(s, np.int64), np.asarray(d, np.int64), np.asarray(t, np.float64), np.asarray(e, np.int64),
+            np.full(n, kind, dtype=object), np.full(n, setting, dtype=object), np.full(n, split_name, dtype=object),
+        ))  # fmt: skip
+
+    train_nodes = np.array([nid in split.train_nodes for nid in data.node_ids], dtype=bool)
+    for split_name in splits:
+        mask = {"val": split.val, "test": split.test}[split_name]
+        ev = np.where(mask)[0]
+        add(data.src[ev], data.dst[ev], data.t[ev], ev, "pos", "", split_name)
+        for setting in settings:
+            if setting == "transductive":
+                sub = ev
+            else:
+                sub = ev[~(train_nodes[data.src[ev]] & train_nodes[data.dst[ev]])]
+            for strategy in strategies:
+                sampler = EvalNegativeSampler(
+                    data.src, data.dst, data.t, data.num_nodes, last_observed, strategy, SPLIT_SEEDS[(split_name, setting)]
+                )
+                ns, nd = sampler.sample_batches(data.src[sub], data.dst[sub], data.t[sub], batch_size)
+                add(ns, nd, data.t[sub], sub, strategy, setting, split_name)
+        if mrr_k > 0:
+            neg = mrr_negatives(data.dst[ev], np.unique(data.dst), mrr_k, MRR_SEEDS[split_name])
+            add(
+                data.src[ev].repeat(mrr_k), neg.reshape(-1), data.t[ev].repeat(mrr_k), ev.repeat(mrr_k),
+                "mrr", "transductive", split_name,
+            )  # fmt: skip
+    cols = list(zip(*rows, strict=True)) if rows else [[np.zeros(0)]] * 7
+    q = Queries(*(np.concatenate(c) for c in cols))
+    q.logit = np.full(len(q), np.nan)
+    return q
+
+
+# ===================================================================== replay
+ScoreFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+def replay(
+    model: DygMambaLinkModel,
+    data: IndexedStream,
+    queries: Queries,
+    visibility: str = "exact",
+    batch_events: int = DYGLIB_EVAL_BATCH,
+    progress: bool = False,
+    scorer: Callable[[StreamReplay], ScoreFn] | None = None,
+    bulk_chunk: int = 2000,
+    merge: bool = True,
+) -> StreamReplay:
+    """Score every query (filling ``queries.logit``), score-then-update, in time order.
+
+    Events before the first queried event are ingested without scoring (in chunks;
+    per node the order is the same, so the states are the same). From there on the
+    stream is cut into groups (one per timestamp, or per ``batch_events`` events for
+    batch visibility); each group's queries are scored, then the group is ingested.
+    ``scorer`` swaps the scoring function (baselines); by default ``StreamReplay.score``.
+    ``merge`` batches consecutive groups that cannot affect each other's queries
+    (``_conflict_free_runs``): the same scores, far fewer calls.
+    """
+    if visibility not in ("exact", "batch"):
+        raise ValueError("visibility must be 'exact' or 'batch'")
+    model.eval()
+    rep = StreamReplay(model, data)
+    score_fn = scorer(rep) if scorer is not None else rep.score
+    n_events = len(data)
+    if len(queries) == 0:
+        return rep
+    first = int(queries.event.min())
+    last = int(queries.event.max()) + 1
+    for s in range(0, first, bulk_chunk):
+        rep.ingest(np.arange(s, min(s + bulk_chunk, first)), bulk=True)
+    # Groups over [first, last): by timestamp or by fixed-size batches.
+    region = np.arange(first, last)
+    if visibility == "exact":
+        t_reg = data.t[first:last]
+        cuts = np.r_[0, np.where(np.diff(t_reg) != 0)[0] + 1, len(region)]
+    else:
+        cuts = np.r_[np.arange(0, len(region), batch_events), len(region)]
+    group_of_event = np.zeros(n_events, dtype=np.int64)
+    for g in range(len(cuts) - 1):
+        group_of_event[first + cuts[g] : first + cuts[g + 1]] = g
+    q_group = group_of_event[queries.event]
+    order = np.argsort(q_group, kind="stable")
+    bounds = np.searchsorted(q_group[order], np.arange(len(cuts)))
+    runs = _conflict_free_runs(data, queries, order, bounds, region, cuts) if merge else [(g, g + 1) for g in range(len(cuts) - 1)]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cuts) - 1, desc="replay", unit="grp", leave=False, mininterval=1.0)
+    with torch.no_grad():
+        for g0, g1 in runs:
+            qi = order[bounds[g0] : bounds[g1]]
+            if len(qi):
+                queries.logit[qi] = score_fn(queries.src[qi], queries.dst[qi], queries.t[qi])
+            rep.ingest(region[cuts[g0] : cuts[g1]])
+            if bar is not None:
+                bar.update(g1 - g0)
+    if bar is not None:
+        bar.close()
+    return rep
+
+
+def _conflict_free_runs(
+    data: IndexedStream, queries: Queries, order: np.ndarray, bounds: np.ndarray, region: np.ndarray, cuts: np.ndarray
+) -> list[tuple[int, int]]:
+    """Cut the groups into runs [g0, g1) in which no query of a group involves a node
+    that an EARLIER group of the same run has events for.
+
+    Scoring all of a run's queries first and then ingesting all of its events is then
+    exactly "score group g, ingest group g" for each g in turn: a query reads only its
+    two nodes' states and neighbour lists, and those are not touched by the run's
+    earlier groups. (Per node, events are still applied in (t, seq) order.)
+    """
+    touched_in = np.full(data.num_nodes, -1, dtype=np.int64)  # run id that last touched the node
+    runs: list[tuple[int, int]] = []
+    run_id, start = 0, 0
+    n_groups = len(cuts) - 1
+    for g in range(n_groups):
+        qi = order[bounds[g] : bounds[g + 1]]
+        if g > start and len(qi):
+            if (touched_in[queries.src[qi]] == run_id).any() or (touched_in[queries.dst[qi]] == run_id).any():
+                runs.append((start, g))
+                run_id += 1
+                start = g
+        ev = region[cuts[g] : cuts[g + 1]]
+        touched_in[data.src[ev]] = run_id
+        touched_in[data.dst[ev]] = run_id
+    if n_groups:
+        runs.append((start, n_groups))
+    return runs
+
+
+# ===================================================================== metrics
+def summarise(queries: Queries, splits: Sequence[str] | None = None) -> dict[str, Any]:
+    """Metrics per split / setting / negative strategy, plus MRR."""
+    out: dict[str, Any] = {}
+    splits = splits or sorted(set(queries.split.tolist()))
+    for split_name in splits:
+        in_split = queries.split == split_name
+        pos = in_split & (queries.kind == "pos")
+        pos_logit = dict(zip(queries.event[pos].tolist(), queries.logit[pos].tolist(), strict=True))
+        res: dict[str, Any] = {}
+        for setting in ("transductive", "inductive"):
+            for strategy in STRATEGIES:
+                m = in_split & (queries.setting == setting) & (queries.kind == strategy)
+                if not m.any():
+                    continue
+                p = np.array([pos_logit[e] for e in queries.event[m].tolist()])
+                res.setdefault(setting, {})[strategy] = batched(p, queries.logit[m])
+        m = in_split & (queries.kind == "mrr")
+        if m.any():
+            ev = queries.event[m]
+            k = int(np.sum(ev == ev[0]))
+            negs = queries.logit[m].reshape(-1, k)
+            p = np.array([pos_logit[e] for e in ev[::k].tolist()])
+            res["mrr"] = {"mrr": mrr(p, negs), "k": k, "n_positives": len(p)}
+        out[split_name] = res
+    return out
+
+
+def write_scores(path: str | Path, data: IndexedStream, queries: Queries) -> None:
+    """Every query as CSV: split, setting, kind, event, src, dst, t, is_positive, logit."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["split", "setting", "kind", "event", "src", "dst", "t", "is_positive", "logit"])
+        ids = data.node_ids
+        for i in range(len(queries)):
+            w.writerow([
+                queries.split[i], queries.setting[i], queries.kind[i], int(queries.event[i]),
+                ids[queries.src[i]], ids[queries.dst[i]], repr(float(queries.t[i])),
+                int(queries.kind[i] == "pos"), repr(float(queries.logit[i])),
+            ])  # fmt: skip
+
+
+def evaluate_model(
+    model: DygMambaLinkModel,
+    data: IndexedStream,
+    split: ChronologicalSplit,
+    splits: Sequence[str] = ("val", "test"),
+    settings: Sequence[str] = ("transductive", "inductive"),
+    strategies: Sequence[str] = STRATEGIES,
+    mrr_k: int = 20,
+    visibility: str = "exact",
+    progress: bool = False,
+) -> tuple[dict[str, Any], Queries]:
+    queries = build_queries(data, split, splits, settings, strategies, mrr_k)
+    t0 = time.perf_counter()
+    replay(model, data, queries, visibility, progress=progress)
+    metrics = summarise(queries, splits)
+    metrics["replay_seconds"] = time.perf_counter() - t0
+    metrics["visibility"] = visibility
+    return metrics, queries
+
+
+def validation_ap(model: DygMambaLinkModel, data: IndexedStream, split: ChronologicalSplit, visibility: str = "exact") -> dict[str, float]:
+    """The per-epoch check: streaming replay on validation, random negatives."""
+    m, _ = evaluate_model(model, data, split, ("val",), ("transductive",), ("random",), 0, visibility)
+    return m["val"]["transductive"]["random"]
+
+
+# ===================================================================== CLI
+def default_out_dir(checkpoint: Path) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    ckpt = checkpoint.resolve()
+    return ckpt.parent / f"{ckpt.name}-eval-{stamp}"
+
+
+def load_data(path: str | Path, max_events: int | None = None) -> tuple[IndexedStream, ChronologicalSplit]:
+    stream = read_edge_stream(path, limit=max_events)
+    return IndexedStream.build(stream), chronological_split(stream)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="dygserve evaluate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", required=True, help="checkpoint folder (config.json + weights.safetensors)")
+    ap.add_argument("--data", required=True, help="dataset folder or edges.csv.gz")
+    ap.add_argument("--out", default=None, help="output folder (default: a new folder beside the checkpoint)")
+    ap.add_argument("--visibility", choices=("exact", "batch"), default="exact")
+    ap.add_argument("--write-scores", default=None, metavar="FILE", help="write every query and its logit as CSV")
+    ap.add_argument("--mrr-k", type=int, default=20, help="negatives per positive for MRR (0 = off)")
+    ap.add_argument("--max-events", type=int, default=None, help="only the first N events of the stream")
+    ap.add_argument("--splits", default="val,test")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--settings", default="transductive,inductive")
+    ap.add_argument("--baselines", action="store_true", help="also EdgeBank and the recompute-from-scratch variant")
+    ap.add_argument("--recompute-window", type=int, default=32, help="L for the recompute baseline")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from .checkpoint import load_checkpoint
+    from .plots import plot_score_histograms, plot_training_curves
+
+    ckpt = load_checkpoint(args.checkpoint)
+    out = Path(args.out) if args.out else default_out_dir(Path(args.checkpoint))
+    if out.resolve() == Path(args.checkpoint).resolve() or Path(args.checkpoint).resolve() in out.resolve().parents:
+        ap.error("--out must not be inside the checkpoint folder")
+    out.mkdir(parents=True, exist_ok=True)
+    data, split = load_data(args.data, args.max_events)
+    if data.feature_dim != ckpt.config.edge_feature_dim:
+        ap.error(f"the data has {data.feature_dim} edge features, the checkpoint expects {ckpt.config.edge_feature_dim}")
+    splits = tuple(s for s in args.splits.split(",") if s)
+    metrics, queries = evaluate_model(
+        ckpt.model, data, split, splits, tuple(args.settings.split(",")), tuple(args.strategies.split(",")),
+        args.mrr_k, args.visibility, progress=True,
+    )  # fmt: skip
+    metrics["checkpoint"] = str(Path(args.checkpoint).resolve())
+    metrics["model_version"] = ckpt.version
+    metrics["data"] = str(args.data)
+    metrics["events"] = len(data)
+    if args.baselines:
+        from .baselines import run_baselines
+
+        metrics["baselines"] = run_baselines(ckpt.model, data, split, splits, recompute_window=args.recompute_window)
+    if args.write_scores:
+        write_scores(args.write_scores, data, queries)
+    (out / "metrics.json").write_text(json.dumps(_jsonable(metrics), indent=2, sort_keys=True) + "\n")
+    plot_score_histograms(queries, out / "score_histograms.png")
+    if ckpt.metrics.get("history"):
+        plot_training_curves(ckpt.metrics["history"], out / "training_curves.png")
+    _print_summary(metrics)
+    print(f"wrote {out}")
+    return 0
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        f = float(obj)
+        return None if not np.isfinite(f) else f
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def _print_summary(metrics: dict[str, Any]) -> None:
+    for split_name in ("val", "test"):
+        res = metrics.get(split_name)
+        if not res:
+            continue
+        for setting in ("transductive", "inductive"):
+            for strategy, m in res.get(setting, {}).items():
+                print(f"{split_name:5s} {setting:12s} {strategy:10s} AP {100 * m['ap']:.2f}  AUC {100 * m['auc']:.2f}  (global AP {100 * m['ap_global']:.2f}, n={m['n_positives']})")
+        if "mrr" in res:
+            print(f"{split_name:5s} MRR@{res['mrr']['k']} {res['mrr']['mrr']:.4f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Negative samplers, after DyGLib's ``NegativeEdgeSampler`` (Poursafaei et al. 2022).
+
+All samplers are seeded (``numpy.random.RandomState``), so the same negatives come
+out on every run. Node arguments are dense node indices (``IndexedStream``).
+
+* training: one random destination per positive, drawn from the training split's
+  destinations; the source and the timestamp are the positive's.
+* ``random`` (evaluation): the source is kept, the destination is drawn uniformly
+  from every destination of the stream (DyGLib: ``full_data.dst_node_ids``).
+* ``historical``: whole (src, dst) pairs drawn without replacement from the edges
+  observed strictly before the current evaluation batch (t < batch start) and absent
+  from the current batch's time window [start, end]; topped up with random pairs
+  (re-drawn when they collide with a positive of the batch).
+* ``inductive``: as historical, but only edges never observed up to the end of the
+  training period (t <= last_observed_time), i.e. edges first seen after training
+  (in validation or test), before the batch, and not in the batch; topped up with
+  random pairs.
+
+"The current batch" is DyGLib's evaluation batch of ``batch_size`` consecutive
+evaluated events (200). Every negative pair is therefore built from events strictly
+earlier than every query of its batch: no future edge leaks into the negatives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+STRATEGIES = ("random", "historical", "inductive")
+
+
+def train_negatives(rng: np.random.Generator, train_dst: np.ndarray, size: int) -> np.ndarray:
+    """One random training destination per positive."""
+    return train_dst[rng.integers(0, len(train_dst), size)]
+
+
+@dataclass
+class EvalNegativeSampler:
+    """DyGLib-style evaluation negatives over a stream (dense node indices)."""
+
+    src: np.ndarray  # (E,) all events of the stream
+    dst: np.ndarray
+    t: np.ndarray
+    num_nodes: int
+    last_observed_time: float  # end of the training period
+    strategy: str = "random"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown negative strategy {self.strategy!r}, expected one of {STRATEGIES}")
+        self.unique_src = np.unique(self.src)
+        self.unique_dst = np.unique(self.dst)
+        self.code = self.src.astype(np.int64) * self.num_nodes + self.dst.astype(np.int64)
+        self.observed = np.unique(self.code[self.t <= self.last_observed_time])
+        self.random_state = np.random.RandomState(self.seed)
+
+    def reset(self) -> None:
+        self.random_state = np.random.RandomState(self.seed)
+
+    # ----- pools --------------------------------------------------------------------
+    def edges_between(self, start: float, end: float, strict_end: bool = False) -> np.ndarray:
+        """Unique edge codes with start <= t <= end (or t < end when strict_end)."""
+        lo = np.searchsorted(self.t, start, side="left")
+        hi = np.searchsorted(self.t, end, side="left" if strict_end else "right")
+        return np.unique(self.code[lo:hi])
+
+    def historical_pool(self, start: float, end: float) -> np.ndarray:
+        past = self.edges_between(-np.inf, start, strict_end=True)
+        return np.setdiff1d(past, self.edges_between(start, end), assume_unique=True)
+
+    def inductive_pool(self, start: float, end: float) -> np.ndarray:
+        return np.setdiff1d(self.historical_pool(start, end), self.observed, assume_unique=True)
+
+    # ----- sampling -----------------------------------------------------------------
+    def random_pairs_avoiding(self, size: int, pos_src: np.ndarray, pos_dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        positives = set((pos_src.astype(np.int64) * self.num_nodes + pos_dst.astype(np.int64)).tolist())
+        s = self.unique_src[self.random_state.randint(0, len(self.unique_src), size)]
+        d = self.unique_dst[self.random_state.randint(0, len(self.unique_dst), size)]
+        for _ in range(100):
+            clash = np.array([int(a) * self.num_nodes + int(b) in positives for a, b in zip(s, d, strict=True)], dtype=bool)
+            if not clash.any():
+                break
+            k = int(clash.sum())
+            s[clash] = self.unique_src[self.random_state.randint(0, len(self.unique_src), k)]
+            d[clash] = self.unique_dst[self.random_state.randint(0, len(self.unique_dst), k)]
+        return s, d
+
+    def sample(self, pos_src: np.ndarray, pos_dst: np.ndarray, pos_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Negatives (src, dst) for one evaluation batch of positives (in time order)."""
+        size = len(pos_src)
+        if size == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if self.strategy == "random":
+            d = self.unique_dst[self.random_state.randint(0, len(self.unique_dst), size)]
+            return pos_src.astype(np.int64).copy(), d.astype(np.int64)
+        start, end = float(pos_t[0]), float(pos_t[-1])
+        pool = self.historical_pool(start, end) if self.strategy == "historical" else self.inductive_pool(start, end)
+        if len(pool) >= size:
+            pick = pool[self.random_state.choice(len(pool), size=size, replace=False)]
+            return pick // self.num_nodes, pick % self.num_nodes
+        rs, rd = self.random_pairs_avoiding(size - len(pool), pos_src, pos_dst)
+        return (
+            np.concatenate([rs, pool // self.num_nodes]).astype(np.int64),
+            np.concatenate([rd, pool % self.num_nodes]).astype(np.int64),
+        )
+
+    def sample_batches(
+        self, pos_src: np.ndarray, pos_dst: np.ndarray, pos_t: np.ndarray, batch_size: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Negatives for all positives, batch by batch (DyGLib's evaluation loop)."""
+        self.reset()
+        out_s, out_d = [], []
+        for b in range(0, len(pos_src), batch_size):
+            s, d = self.sample(pos_src[b : b + batch_size], pos_dst[b : b + batch_size], pos_t[b : b + batch_size])
+            out_s.append(s)
+            out_d.append(d)
+        if not out_s:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(out_s), np.concatenate(out_d)
+
+
+def mrr_negatives(
+    pos_dst: np.ndarray, candidates: np.ndarray, k: int, seed: int
+) -> np.ndarray:
+    """K random destinations per positive (TGB style), never the positive's own one."""
+    rs = np.random.RandomState(seed)
+    out = candidates[rs.randint(0, len(candidates), (len(pos_dst), k))]
+    for _ in range(100):
+        clash = out == pos_dst[:, None]
+        if not clash.any() or len(candidates) < 2:
+            break
+        out[clash] = candidates[rs.randint(0, len(candidates), int(clash.sum()))]
+    return out.astype(np.int64)

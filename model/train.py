@@ -1,0 +1,449 @@
+"""The offline trainer of the causal DyG-Mamba link model, trained as it is served.
+
+One epoch walks the training split in time order, in batches of events. For each
+batch, every touched node (endpoints and negative destinations) is re-scanned with
+``model.scan(..., return_states=True)`` from a carried, DETACHED state of about
+``window`` events earlier (its "anchor") through the batch's events, so gradients
+flow through the scan over several steps. Each positive (u, v, t) and one random
+negative (u, n, t) (n drawn from the training destinations) are scored from each
+node's state after its last event with time STRICTLY < t (exact visibility: events
+at the same timestamp never see each other), decayed to t (``model.node_readout``),
+plus ``pair_features`` from the recent-neighbour lists restricted to times < t,
+through ``model.head_logit``. BCE, Adam, gradient clipping.
+
+With ``visibility="batch"`` a query reads the states and lists as of the start of its
+batch instead (TGN memory style), for comparison.
+
+After every epoch the STREAMING evaluator (``evaluate.validation_ap``: the same
+``streaming.advance``/``streaming.score`` the service runs) measures validation AP;
+the best epoch is saved with ``save_checkpoint`` (early stopping with ``patience``).
+Training is resumable: optimizer, model and bookkeeping go to ``out/train_state/``
+(safetensors + JSON, never pickle) after every epoch.
+
+CLI::
+
+    python -m model.train --data PATH --out DIR [--epochs N] [--batch-size B] [--lr LR]
+        [--seed S] [--patience P] [--max-events N] [--window W] [--visibility exact|batch]
+        [--resume] [--set key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from .checkpoint import save_checkpoint
+from .config import ModelConfig
+from .data import chronological_split, read_edge_stream
+from .evaluate import _jsonable, evaluate_model, validation_ap
+from .link_model import DygMambaLinkModel
+from .metrics import average_precision, roc_auc
+from .negatives import train_negatives
+from .node_state import NodeStates
+from .pair_features import pair_features
+from .time_encoding import fit_time_normalisation
+from .training_batches import IndexedStream, NodeEventIndex
+
+TRAIN_STATE_DIR = "train_state"
+SCAN_CHUNK = 1
+ROW_BUDGET = 4096  # rows x padded length per scan call
+
+
+# ===================================================================== helpers
+def training_gaps(index: NodeEventIndex) -> torch.Tensor:
+    """Per-node inter-event gaps of the training split (float64)."""
+    same_node = np.ones(len(index.t), dtype=bool)
+    same_node[index.offsets[:-1][index.count(np.arange(index.num_nodes)) > 0]] = False
+    gaps = np.diff(index.t, prepend=np.nan)[same_node]
+    return torch.from_numpy(gaps[np.isfinite(gaps)])
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, raw = item.partition("=")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+def _set_rows(states: NodeStates, idx: torch.Tensor, new: NodeStates) -> None:
+    states.h[idx] = new.h.detach()
+    states.conv[idx] = new.conv.detach()
+    states.t_last[idx] = new.t_last
+    states.last_seq[idx] = new.last_seq
+    states.n_events[idx] = new.n_events
+
+
+def _buckets(lengths: np.ndarray, budget: int = ROW_BUDGET) -> list[np.ndarray]:
+    """Group rows of similar padded length (longest first) under a rows x length budget."""
+    order = np.argsort(-lengths, kind="stable")
+    out, start = [], 0
+    while start < len(order):
+        t_max = max(int(lengths[order[start]]), 1)
+        rows = max(1, budget // t_max)
+        out.append(order[start : start + rows])
+        start += rows
+    return out
+
+
+# ===================================================================== the epoch
+class EpochRunner:
+    """Walks the training split once; holds the carried (detached) anchor states."""
+
+    def __init__(
+        self,
+        model: DygMambaLinkModel,
+        data: IndexedStream,
+        train_events: np.ndarray,
+        index: NodeEventIndex,
+        window: int,
+        visibility: str,
+    ) -> None:
+        self.model, self.data, self.events, self.index = model, data, train_events, index
+        self.window, self.visibility = window, visibility
+        self.train_dst = np.unique(data.dst[train_events])
+        n = data.num_nodes
+        self.anchor = NodeStates.initial(n, model.config)
+        self.anchor_count = np.zeros(n, dtype=np.int64)  # events folded into the anchor
+        self.done = np.zeros(n, dtype=np.int64)  # events of the epoch applied so far
+
+    def _scan_rows(
+        self, nodes: np.ndarray, start: np.ndarray, stop: np.ndarray, init: NodeStates
+    ) -> tuple[NodeStates, torch.Tensor | None]:
+        ev, lengths = self.index.event_inputs(self.data, nodes, start, stop)
+        if ev.t.shape[1] == 0:
+            return init, None
+        return self.model.scan(init, ev, lengths, return_states=True, chunk=SCAN_CHUNK)
+
+    def batch_loss(self, b0: int, b1: int, rng: np.random.Generator) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+        d, idx, cfg = self.data, self.index, self.model.config
+        ev = self.events[b0:b1]
+        u, v, t = d.src[ev], d.dst[ev], d.t[ev]
+        neg = train_negatives(rng, self.train_dst, len(ev))
+        q_nodes = np.concatenate([u, v, neg])
+        q_t = np.concatenate([t, t, t])
+        if self.visibility == "exact":
+            q_m = idx.prefix_count(q_nodes, q_t)
+        else:
+            q_m = self.done[q_nodes].copy()
+        touched = np.unique(q_nodes)
+        end = self.done[touched] + np.bincount(np.concatenate([u, v]), minlength=d.num_nodes)[touched]
+        a = self.anchor_count[touched]
+        if self.visibility == "exact":
+            t_next = d.t[self.events[b1]] if b1 < len(self.events) else np.inf
+            keep = idx.prefix_count(touched, np.full(len(touched), t_next))
+        else:
+            keep = end
+        a_new = np.maximum(a, np.minimum(end - self.window, keep))
+
+        row_of = np.full(d.num_nodes, -1, dtype=np.int64)
+        row_of[touched] = np.arange(len(touched))
+        q_rows = row_of[q_nodes]
+        q_off = q_m - a[q_rows]  # position in [anchor, scan1..., scan2...]
+        if (q_off < 0).any():
+            raise AssertionError("a query needs a state older than its node's anchor")
+
+        z = None
+        if cfg.use_state:
+            n_layers, di, ds = cfg.n_layers, cfg.d_inner, cfg.d_state
+            q_h = torch.zeros(len(q_nodes), n_layers, di, ds)
+            new_anchor = NodeStates.initial(len(touched), cfg)
+            for rows in _buckets(end - a):
+                sel = torch.from_numpy(touched[rows])
+                init = self.anchor.select(sel)
+                mid, pp1 = self._scan_rows(touched[rows], a[rows], a_new[rows], init)
+                _, pp2 = self._scan_rows(touched[rows], a_new[rows], end[rows], mid)
+                # All per-position states of these rows: [anchor, scan1..., scan2...].
+                parts = [init.h.unsqueeze(1)]
+                t1 = pp1.shape[1] if pp1 is not None else 0
+                if pp1 is not None:
+                    parts.append(pp1)
+                if pp2 is not None:
+                    parts.append(pp2)
+                h_all = torch.cat(parts, dim=1)
+                len1 = a_new[rows] - a[rows]
+                local = np.full(len(touched), -1, dtype=np.int64)
+                local[rows] = np.arange(len(rows))
+                qmask = local[q_rows] >= 0
+                qi = np.where(qmask)[0]
+                r_loc = local[q_rows[qi]]
+                off = q_off[qi]
+                pos = np.where(off <= len1[r_loc], off, 1 + t1 + (off - len1[r_loc] - 1))
+                q_h[torch.from_numpy(qi)] = h_all[torch.from_numpy(r_loc), torch.from_numpy(pos)]
+                _set_rows(new_anchor, torch.from_numpy(rows), mid)
+            t_last = torch.from_numpy(idx.last_time(q_nodes, q_m))
+            z = self.model.node_readout(q_h, t_last, torch.from_numpy(q_t))
+        else:
+            new_anchor = None
+
+        pair = None
+        n_q = len(ev)
+        if cfg.use_pair_features:
+            lists = idx.neighbour_lists(q_nodes, q_m, cfg.neighbour_list_len)
+            m_t = torch.from_numpy(q_m)
+            last = torch.from_numpy(idx.last_time(q_nodes, q_m))
+            keys = torch.from_numpy(d.keys[q_nodes])
+            su, sv, sn = slice(0, n_q), slice(n_q, 2 * n_q), slice(2 * n_q, 3 * n_q)
+            tau = torch.from_numpy(t)
+
+            def pf(a_sl: slice, b_sl: slice) -> torch.Tensor:
+                return pair_features(
+                    keys[a_sl], keys[b_sl], tau, lists.keys[a_sl], lists.times[a_sl], lists.keys[b_sl],
+                    lists.times[b_sl], m_t[a_sl], m_t[b_sl], last[a_sl], last[b_sl], cfg.time_norm,
+                )  # fmt: skip
+
+            pair = torch.cat([pf(su, sv), pf(su, sn)])
+        if z is not None:
+            z_u, z_v, z_n = z[:n_q], z[n_q : 2 * n_q], z[2 * n_q :]
+            logits = self.model.head_logit(torch.cat([z_u, z_u]), torch.cat([z_v, z_n]), pair)
+        else:
+            logits = self.model.head_logit(None, None, pair)
+        labels = torch.cat([torch.ones(n_q), torch.zeros(n_q)])
+        loss = F.binary_cross_entropy_with_logits(logits, labels)
+
+        self.last_batch = {"src": u, "dst": v, "neg": neg, "t": t}
+        # Commit the bookkeeping (anchors are detached copies).
+        if new_anchor is not None:
+            _set_rows(self.anchor, torch.from_numpy(touched), new_anchor)
+        self.anchor_count[touched] = a_new
+        self.done[touched] = end
+        return loss, logits.detach().numpy(), labels.numpy()
+
+
+# ===================================================================== resumable state
+def _save_train_state(out: Path, model: DygMambaLinkModel, opt: torch.optim.Optimizer, doc: dict[str, Any]) -> None:
+    st = out / TRAIN_STATE_DIR
+    st.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(st / "model.safetensors"))
+    osd = opt.state_dict()
+    tensors = {}
+    for pid, pstate in osd["state"].items():
+        for name, val in pstate.items():
+            tensors[f"{pid}.{name}"] = val if torch.is_tensor(val) else torch.tensor(val)
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(st / "optimizer.safetensors"))
+    doc = {**doc, "param_groups": osd["param_groups"]}
+    tmp = st / "state.json.tmp"
+    tmp.write_text(json.dumps(_jsonable(doc), indent=2, sort_keys=True) + "\n")
+    tmp.replace(st / "state.json")
+
+
+def _load_train_state(out: Path, model: DygMambaLinkModel, opt: torch.optim.Optimizer) -> dict[str, Any] | None:
+    st = out / TRAIN_STATE_DIR
+    if not (st / "state.json").exists():
+        return None
+    doc = json.loads((st / "state.json").read_text())
+    model.load_state_dict(load_file(str(st / "model.safetensors")))
+    flat = load_file(str(st / "optimizer.safetensors"))
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, val in flat.items():
+        pid, _, name = key.partition(".")
+        state.setdefault(int(pid), {})[name] = val
+    opt.load_state_dict({"state": state, "param_groups": doc["param_groups"]})
+    return doc
+
+
+# ===================================================================== train
+def train(
+    data_path: str | Path,
+    out_dir: str | Path,
+    config: dict[str, Any] | ModelConfig | None = None,
+    epochs: int = 5,
+    batch_size: int = 200,
+    lr: float = 1e-3,
+    seed: int = 0,
+    patience: int = 3,
+    max_events: int | None = None,
+    visibility: str = "exact",
+    resume: bool = False,
+    window: int = 16,
+    progress: bool = True,
+    test_eval: bool = True,
+    max_train_events: int | None = None,
+    grad_clip: float = 1.0,
+) -> str:
+    """Train on ``data_path``; save the best-validation checkpoint to ``out_dir``; return its version."""
+    if visibility not in ("exact", "batch"):
+        raise ValueError("visibility must be 'exact' or 'batch'")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    stream = read_edge_stream(data_path, limit=max_events)
+    data = IndexedStream.build(stream)
+    split = chronological_split(stream)
+    train_events = np.where(split.train)[0]
+    if max_train_events is not None and len(train_events) > max_train_events:
+        # Reduced budget: the LAST max_train_events training events (closest to validation).
+        train_events = train_events[-max_train_events:]
+    index = NodeEventIndex.build(data, train_events)
+
+    overrides = config.model_dump() if isinstance(config, ModelConfig) else dict(config or {})
+    overrides.pop("time_norm", None)
+    overrides.pop("edge_feature_dim", None)
+    cfg = ModelConfig().with_updates(
+        **overrides,
+        edge_feature_dim=data.feature_dim,
+        time_norm=fit_time_normalisation(training_gaps(index)).model_dump(),
+    )
+    model = DygMambaLinkModel(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+
+    history: list[dict[str, Any]] = []
+    best = {"ap": -math.inf, "epoch": -1}
+    start_epoch = 0
+    if resume:
+        doc = _load_train_state(out, model, opt)
+        if doc is not None:
+            if doc.get("config") != _jsonable(cfg.model_dump(mode="json")):
+                raise ValueError("cannot resume: the saved training state has another model config")
+            history, best, start_epoch = doc["history"], doc["best"], doc["epoch"] + 1
+            if doc.get("stopped"):
+                start_epoch = epochs
+    info = {
+        "dataset": stream.name, "data": str(data_path), "events": len(data), "train_events": int(len(train_events)),
+        "train_events_total": int(split.train.sum()), "val_events": int(split.val.sum()), "test_events": int(split.test.sum()), "visibility": visibility,
+        "window": window, "batch_size": batch_size, "lr": lr, "seed": seed, "epochs": epochs,
+        "patience": patience, "max_events": max_events, "max_train_events": max_train_events,
+        "torch_threads": torch.get_num_threads(),
+    }  # fmt: skip
+    bad_epochs = (len(history) - 1 - best["epoch"]) if (history and best["epoch"] >= 0) else 0
+    stopped = False
+    for epoch in range(start_epoch, epochs):
+        if bad_epochs >= patience:
+            stopped = True
+            break
+        model.train()
+        rng = np.random.default_rng([seed, epoch])
+        runner = EpochRunner(model, data, train_events, index, window, visibility)
+        t0 = time.perf_counter()
+        losses, all_logits, all_labels = [], [], []
+        batches = range(0, len(train_events), batch_size)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(batches, desc=f"epoch {epoch}", unit="batch", leave=False, mininterval=1.0)
+        for i, b0 in enumerate(batches):
+            b1 = min(b0 + batch_size, len(train_events))
+            loss, logits, labels = runner.batch_loss(b0, b1, rng)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            opt.step()
+            losses.append(float(loss.detach()))
+            all_logits.append(logits)
+            all_labels.append(labels)
+            if bar is not None:
+                bar.update(1)
+                if i % 10 == 0:
+                    recent_y = np.concatenate(all_labels[-10:])
+                    recent_s = np.concatenate(all_logits[-10:])
+                    bar.set_postfix(loss=f"{np.mean(losses[-10:]):.4f}", ap=f"{average_precision(recent_y, recent_s):.4f}")
+        if bar is not None:
+            bar.close()
+        train_time = time.perf_counter() - t0
+        y, s = np.concatenate(all_labels), np.concatenate(all_logits)
+        t1 = time.perf_counter()
+        val = validation_ap(model, data, split, visibility)
+        eval_time = time.perf_counter() - t1
+        row = {
+            "epoch": epoch, "train_loss": float(np.mean(losses)), "train_ap": average_precision(y, s),
+            "train_auc": roc_auc(y, s), "val_ap": val["ap"], "val_auc": val["auc"], "val_ap_global": val["ap_global"],
+            "epoch_time_s": train_time, "eval_time_s": eval_time,
+        }  # fmt: skip
+        history.append(row)
+        if progress:
+            print(
+                f"epoch {epoch}: loss {row['train_loss']:.4f} train AP {row['train_ap']:.4f} "
+                f"val AP {val['ap']:.4f} AUC {val['auc']:.4f} ({train_time:.1f}s train, {eval_time:.1f}s eval)",
+                flush=True,
+            )
+        if val["ap"] > best["ap"] or best["epoch"] < 0:
+            best = {"ap": val["ap"], "epoch": epoch}
+            bad_epochs = 0
+            save_checkpoint(out, model, _metrics_doc(info, cfg, history, best, None))
+        else:
+            bad_epochs += 1
+        _save_train_state(out, model, opt, {
+            "epoch": epoch, "history": history, "best": best, "config": cfg.model_dump(mode="json"), "info": info,
+        })  # fmt: skip
+    if stopped or bad_epochs >= patience:
+        doc = json.loads((out / TRAIN_STATE_DIR / "state.json").read_text())
+        doc["stopped"] = True
+        (out / TRAIN_STATE_DIR / "state.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+    # Reload the best epoch and finish its metrics (test with the streaming evaluator).
+    from .checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(out)
+    test = None
+    if test_eval:
+        m, _ = evaluate_model(ckpt.model, data, split, ("test",), ("transductive",), ("random",), 0, visibility)
+        test = m["test"]["transductive"]["random"]
+        if progress:
+            print(f"best epoch {best['epoch']}: val AP {best['ap']:.4f}, test AP {test['ap']:.4f} AUC {test['auc']:.4f}")
+    return save_checkpoint(out, ckpt.model, _metrics_doc(info, ckpt.config, history, best, test))
+
+
+def _metrics_doc(
+    info: dict[str, Any], cfg: ModelConfig, history: list[dict[str, Any]], best: dict[str, Any], test: dict[str, Any] | None
+) -> dict[str, Any]:
+    best_row = next((h for h in history if h["epoch"] == best["epoch"]), {})
+    doc = {
+        **info,
+        "best_epoch": best["epoch"],
+        "val": {"ap": best_row.get("val_ap"), "auc": best_row.get("val_auc"), "ap_global": best_row.get("val_ap_global"),
+                "negatives": "random", "setting": "transductive"},
+        "test": None if test is None else {**test, "negatives": "random", "setting": "transductive"},
+        "epoch_times_s": [h["epoch_time_s"] for h in history],
+        "mean_epoch_time_s": float(np.mean([h["epoch_time_s"] for h in history])) if history else None,
+        "history": history,
+        "config": cfg.model_dump(mode="json"),
+    }  # fmt: skip
+    return _jsonable(doc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="dygserve train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True, help="dataset folder or edges.csv.gz")
+    ap.add_argument("--out", required=True, help="checkpoint folder to write")
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--batch-size", type=int, default=200)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--patience", type=int, default=3)
+    ap.add_argument("--max-events", type=int, default=None, help="only the first N events of the stream")
+    ap.add_argument("--max-train-events", type=int, default=None, help="train on the last N training events only")
+    ap.add_argument("--window", type=int, default=16, help="events re-scanned before each batch (gradient window)")
+    ap.add_argument("--visibility", choices=("exact", "batch"), default="exact")
+    ap.add_argument("--resume", action="store_true", help="continue from OUT/train_state")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="ModelConfig override, e.g. d_model=32")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    version = train(
+        args.data, args.out, parse_overrides(args.set), args.epochs, args.batch_size, args.lr, args.seed,
+        args.patience, args.max_events, args.visibility, args.resume, args.window, not args.no_progress,
+        max_train_events=args.max_train_events,
+    )  # fmt: skip
+    print(f"model version {version} -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

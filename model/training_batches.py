@@ -1,0 +1,164 @@
+"""Index structures over an edge stream, shared by the trainer, evaluator and baselines.
+
+* ``IndexedStream``: the stream with node ids mapped to dense indices (for arrays)
+  and to the stable 63-bit keys the model sees (``node_key``), plus event order
+  (row index = sequence number).
+* ``NodeEventIndex``: per-node event lists (CSR) over a subset of the events, in
+  (t, seq) order. An event (u, v) is one entry in u's list (role src) and one in
+  v's (role dst); a self-loop (u, u) gives u two entries, src first then dst, which
+  is the order ``streaming.endpoint_events`` produces them in.
+  ``prefix_count(node, t)`` = how many of a node's events have time < t, i.e. which
+  state a query at t reads under exact visibility; ``neighbour_lists`` gathers the
+  last L (key, t) entries before such a prefix, exactly what the service's
+  recent-neighbour list holds when it scores a query at t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .data import EdgeStream
+from .link_model import ROLE_DST, ROLE_SRC, EventInputs
+from .node_ids import node_keys
+from .pair_features import PAD_KEY
+from .streaming import NeighbourLists
+
+
+@dataclass
+class IndexedStream:
+    stream: EdgeStream
+    node_ids: np.ndarray  # (N,) object: canonical id strings, sorted
+    keys: np.ndarray  # (N,) int64 node_key of each node
+    src: np.ndarray  # (E,) int64 node index
+    dst: np.ndarray  # (E,) int64 node index
+    t: np.ndarray  # (E,) float64
+    features: np.ndarray  # (E, F) float32
+
+    @classmethod
+    def build(cls, stream: EdgeStream) -> IndexedStream:
+        ids = np.unique(np.concatenate([stream.src, stream.dst]).astype(str))
+        lookup = {n: i for i, n in enumerate(ids)}
+        src = np.fromiter((lookup[s] for s in stream.src), dtype=np.int64, count=len(stream))
+        dst = np.fromiter((lookup[d] for d in stream.dst), dtype=np.int64, count=len(stream))
+        return cls(
+            stream=stream,
+            node_ids=ids.astype(object),
+            keys=node_keys(ids),
+            src=src,
+            dst=dst,
+            t=stream.t.astype(np.float64),
+            features=stream.features.astype(np.float32),
+        )
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.keys.shape[0])
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.features.shape[1])
+
+    def __len__(self) -> int:
+        return int(self.t.shape[0])
+
+
+@dataclass
+class NodeEventIndex:
+    """Per-node event lists (CSR) over the events ``events`` (indices, in stream order)."""
+
+    num_nodes: int
+    offsets: np.ndarray  # (N+1,) int64
+    event: np.ndarray  # (M,) int64 stream index of each entry
+    role: np.ndarray  # (M,) int64
+    other: np.ndarray  # (M,) int64 node index of the other endpoint
+    other_key: np.ndarray  # (M,) int64
+    t: np.ndarray  # (M,) float64
+    # For vectorised prefix counts: composite sort key (node, rank of t).
+    _unique_t: np.ndarray
+    _comp: np.ndarray
+
+    @classmethod
+    def build(cls, data: IndexedStream, events: np.ndarray) -> NodeEventIndex:
+        events = np.asarray(events, dtype=np.int64)
+        n = data.num_nodes
+        ev2 = np.concatenate([events, events])
+        node = np.concatenate([data.src[events], data.dst[events]])
+        other = np.concatenate([data.dst[events], data.src[events]])
+        role = np.concatenate([np.full(len(events), ROLE_SRC), np.full(len(events), ROLE_DST)]).astype(np.int64)
+        order = np.lexsort((role, ev2, node))  # by node, then event (t, seq), then src before dst
+        node, ev2, other, role = node[order], ev2[order], other[order], role[order]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(node, minlength=n), out=offsets[1:])
+        t = data.t[ev2]
+        unique_t = np.unique(data.t)
+        comp = node * (len(unique_t) + 1) + np.searchsorted(unique_t, t)
+        return cls(n, offsets, ev2, role, other, data.keys[other], t, unique_t, comp)
+
+    def count(self, nodes: np.ndarray) -> np.ndarray:
+        return self.offsets[nodes + 1] - self.offsets[nodes]
+
+    def prefix_count(self, nodes: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Number of each node's events with time strictly < t (vectorised)."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        rank = np.searchsorted(self._unique_t, np.asarray(t, dtype=np.float64), side="left")
+        pos = np.searchsorted(self._comp, nodes * (len(self._unique_t) + 1) + rank, side="left")
+        return pos - self.offsets[nodes]
+
+    def prefix_count_before_event(self, nodes: np.ndarray, event: np.ndarray) -> np.ndarray:
+        """Number of each node's entries from stream events with index < ``event``."""
+        out = np.empty(len(nodes), dtype=np.int64)
+        for i, (n, e) in enumerate(zip(nodes.tolist(), event.tolist(), strict=True)):
+            lo, hi = self.offsets[n], self.offsets[n + 1]
+            out[i] = np.searchsorted(self.event[lo:hi], e, side="left")
+        return out
+
+    def neighbour_lists(self, nodes: np.ndarray, m: np.ndarray, length: int) -> NeighbourLists:
+        """Last ``length`` (other key, t) entries among each node's first ``m`` events."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        m = np.asarray(m, dtype=np.int64)
+        j = np.arange(length)
+        idx = self.offsets[nodes][:, None] + m[:, None] - length + j[None, :]
+        valid = j[None, :] >= (length - m)[:, None]
+        idx = np.where(valid, idx, 0)
+        if len(self.other_key) == 0:
+            valid = np.zeros_like(valid)
+            keys = np.full(valid.shape, PAD_KEY, dtype=np.int64)
+            times = np.full(valid.shape, np.inf)
+        else:
+            keys = np.where(valid, self.other_key[idx], PAD_KEY)
+            times = np.where(valid, self.t[idx], np.inf)
+        return NeighbourLists(torch.from_numpy(keys.astype(np.int64)), torch.from_numpy(times.astype(np.float64)))
+
+    def last_time(self, nodes: np.ndarray, m: np.ndarray) -> np.ndarray:
+        """Time of each node's m-th event (the last one of the prefix), -inf when m == 0."""
+        idx = self.offsets[nodes] + m - 1
+        return np.where(m > 0, self.t[np.clip(idx, 0, max(len(self.t) - 1, 0))] if len(self.t) else -np.inf, -np.inf)
+
+    def event_inputs(
+        self, data: IndexedStream, nodes: np.ndarray, start: np.ndarray, stop: np.ndarray
+    ) -> tuple[EventInputs, torch.Tensor]:
+        """Padded (n, T) inputs of each node's entries [start, stop) and their lengths."""
+        lengths = (stop - start).astype(np.int64)
+        t_len = int(lengths.max()) if len(lengths) else 0
+        j = np.arange(t_len)
+        valid = j[None, :] < lengths[:, None]
+        idx = np.where(valid, self.offsets[nodes][:, None] + start[:, None] + j[None, :], 0)
+        if len(self.event) == 0:
+            idx = np.zeros_like(idx)
+            valid = np.zeros_like(valid)
+        ev = self.event[idx] if len(self.event) else np.zeros(idx.shape, dtype=np.int64)
+        other = np.where(valid, self.other_key[idx] if len(self.event) else 0, 0)
+        role = np.where(valid, self.role[idx] if len(self.event) else 0, 0)
+        t = np.where(valid, self.t[idx] if len(self.event) else 0.0, 0.0)
+        feats = data.features[ev] * valid[..., None]
+        inputs = EventInputs(
+            other_key=torch.from_numpy(other.astype(np.int64)),
+            role=torch.from_numpy(role.astype(np.int64)),
+            features=torch.from_numpy(feats.astype(np.float32)),
+            t=torch.from_numpy(t.astype(np.float64)),
+            seq=torch.from_numpy(np.where(valid, ev, 0).astype(np.int64)),
+        )
+        return inputs, torch.from_numpy(lengths)

@@ -1,0 +1,92 @@
+"""Negative samplers: seeded, no future edges, historical negatives really are past edges."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from model.data import chronological_split, read_edge_stream
+from model.evaluate import build_queries
+from model.negatives import EvalNegativeSampler, mrr_negatives, train_negatives
+from model.training_batches import IndexedStream
+
+
+@pytest.fixture(scope="module")
+def uci(data_dir):
+    stream = read_edge_stream(data_dir / "uci" / "edges.csv.gz", limit=4000)
+    return IndexedStream.build(stream), chronological_split(stream)
+
+
+def _sampler(data, split, strategy, seed=0):
+    last = float(data.t[split.train].max())
+    return EvalNegativeSampler(data.src, data.dst, data.t, data.num_nodes, last, strategy, seed)
+
+
+@pytest.mark.parametrize("strategy", ["historical", "inductive"])
+def test_pair_negatives_are_past_edges_absent_from_the_batch(uci, strategy) -> None:
+    data, split = uci
+    ev = np.where(split.test)[0]
+    sampler = _sampler(data, split, strategy)
+    first_seen = {}
+    for e in range(len(data)):
+        first_seen.setdefault((int(data.src[e]), int(data.dst[e])), float(data.t[e]))
+    observed = {(int(data.src[e]), int(data.dst[e])) for e in np.where(data.t <= float(data.t[split.train].max()))[0]}
+    n_from_pool = 0
+    for b in range(0, len(ev), 200):
+        batch = ev[b : b + 200]
+        start, end = float(data.t[batch[0]]), float(data.t[batch[-1]])
+        in_window = {(int(data.src[e]), int(data.dst[e])) for e in np.where((data.t >= start) & (data.t <= end))[0]}
+        pool = {(int(c // data.num_nodes), int(c % data.num_nodes)) for c in
+                (sampler.historical_pool(start, end) if strategy == "historical" else sampler.inductive_pool(start, end))}  # fmt: skip
+        s, d = sampler.sample(data.src[batch], data.dst[batch], data.t[batch])
+        assert len(s) == len(batch)
+        for pair in zip(s.tolist(), d.tolist(), strict=True):
+            if pair in pool:
+                n_from_pool += 1
+                # a real edge, seen strictly before the batch (so before every query), not in the batch
+                assert first_seen[pair] < start
+                assert pair not in in_window
+                if strategy == "inductive":
+                    assert pair not in observed
+        # pool items are never future edges either
+        for pair in pool:
+            assert first_seen[pair] < start and pair not in in_window
+    assert n_from_pool > 0
+
+
+def test_top_up_with_random_avoids_positives(uci) -> None:
+    data, split = uci
+    ev = np.where(split.val)[0][:200]
+    sampler = _sampler(data, split, "inductive")
+    # first validation batch: nothing was seen after training yet -> all random
+    s, d = sampler.sample(data.src[ev], data.dst[ev], data.t[ev])
+    assert len(s) == len(ev)
+    positives = set(zip(data.src[ev].tolist(), data.dst[ev].tolist(), strict=True))
+    assert not positives & set(zip(s.tolist(), d.tolist(), strict=True))
+
+
+def test_samplers_are_seeded(uci) -> None:
+    data, split = uci
+    q1 = build_queries(data, split, ("test",), mrr_k=5)
+    q2 = build_queries(data, split, ("test",), mrr_k=5)
+    assert np.array_equal(q1.src, q2.src) and np.array_equal(q1.dst, q2.dst) and np.array_equal(q1.t, q2.t)
+    rng1, rng2 = np.random.default_rng([0, 1]), np.random.default_rng([0, 1])
+    pool = np.unique(data.dst[split.train])
+    assert np.array_equal(train_negatives(rng1, pool, 50), train_negatives(rng2, pool, 50))
+
+
+def test_random_negatives_keep_source_and_time(uci) -> None:
+    data, split = uci
+    q = build_queries(data, split, ("test",), ("transductive",), ("random",), 0)
+    pos = q.kind == "pos"
+    neg = q.kind == "random"
+    assert np.array_equal(q.src[pos], q.src[neg]) and np.array_equal(q.t[pos], q.t[neg])
+    assert set(q.dst[neg].tolist()) <= set(np.unique(data.dst).tolist())
+
+
+def test_mrr_negatives_exclude_the_positive() -> None:
+    cands = np.arange(10)
+    pos = np.array([1, 2, 3, 4])
+    neg = mrr_negatives(pos, cands, 8, seed=0)
+    assert neg.shape == (4, 8)
+    assert not (neg == pos[:, None]).any()
