@@ -66,11 +66,13 @@ def pad_events(per_node: Sequence[Sequence[NodeEvent]], feature_dim: int) -> tup
     return ev, torch.from_numpy(lengths)
 
 
-# On CUDA, nodes with more new events than this go through the chunked scan (parallel
-# over time). On a CPU the scan's chunk-quadratic work loses to the segmented step
-# (measured: 2.5 s vs 0.12 s for 1,000 UCI events with a hub of 101 events), so
-# every node takes the segmented step there.
-SCAN_FROM_EVENTS = 4
+# Nodes with more new events than this (hubs in a busy batch, cold rebuilds from a
+# long history) go through the associative scan, parallel over time; the rest
+# through a segmented step, one vectorised step per event rank (each step costs a
+# fixed ~0.7 ms of framework overhead on this CPU, so a long loop of tiny steps is
+# what the scan avoids). On CUDA the scan pays off sooner.
+SCAN_FROM_EVENTS_CPU = 32
+SCAN_FROM_EVENTS_CUDA = 4
 
 
 @torch.no_grad()
@@ -78,13 +80,13 @@ def advance(model: DygMambaLinkModel, states: NodeStates, per_node: Sequence[Seq
     """Apply each node's events (already in (t, seq) order) to its state.
 
     Segmented step: rank k applies the k-th event of every node that has one, in
-    one vectorised step. On CUDA, hubs with many events go through one chunked
-    scan instead. Step and scan are tested equal.
+    one vectorised step; nodes with many events (hubs, cold rebuilds) go through
+    one batch scan together instead. Step and scan are tested equal.
     """
     if len(states) == 0:
         return states
     lengths = [len(e) for e in per_node]
-    threshold = SCAN_FROM_EVENTS if states.h.is_cuda else max(lengths)
+    threshold = SCAN_FROM_EVENTS_CUDA if states.h.is_cuda else SCAN_FROM_EVENTS_CPU
     long_rows = [i for i, n in enumerate(lengths) if n > threshold]
     short_rows = [i for i, n in enumerate(lengths) if 0 < n <= threshold]
     out = states.clone()
