@@ -100,6 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    background: set[asyncio.Task] = set()
     app.add_middleware(InFlightMiddleware, limit=settings.max_in_flight)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
 
@@ -126,15 +127,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # ----- write ---------------------------------------------------------------------
     @app.post("/v1/events", response_model=EventsResponse, dependencies=[Depends(require_api_key)], tags=["ingest"], responses=ERROR_RESPONSES)
     async def post_events(body: EventsRequest, engine: EngineDep, wait: bool = True) -> ORJSONResponse:
-        """Log a batch of edge events, then advance both endpoints' states by one step each."""
+        """Log a batch of edge events, then advance both endpoints' states by one step each.
+
+        ``wait=true`` (default) answers after the states are committed; ``wait=false``
+        answers once the events are logged (durable, exactly once) and applies them
+        in the background."""
         if len(body.events) > settings.max_batch_events:
             raise RequestRefused(413, f"{len(body.events)} events; at most {settings.max_batch_events} per request")
         start = time.perf_counter()
         metrics.BATCH_SIZE.labels(kind="ingest").observe(len(body.events))
         events = [e.model_dump() for e in body.events]
-        result = await run_in_threadpool(engine.ingest, events, True)
-        if not wait:
-            result["applied"] = True
+        if wait:
+            result = await run_in_threadpool(engine.ingest, events, True)
+        else:
+            rt = engine.runtime
+            result, logged = await run_in_threadpool(engine.log_events, rt, events)
+            result["applied"] = not logged
+            if logged:
+                task = asyncio.create_task(run_in_threadpool(engine.apply_in_background, rt, logged))
+                background.add(task)  # keep a reference until it is done
+                task.add_done_callback(background.discard)
         metrics.INGEST_LATENCY.observe(time.perf_counter() - start)
         return ORJSONResponse(result)
 
@@ -218,12 +230,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """Switch to another checkpoint under the models directory; states of the new
         version rebuild lazily from history (or with `dygserve backfill`)."""
         root = (settings.models_dir or Path(settings.checkpoint).parent).resolve()
-        target = (root / body.checkpoint).resolve()
+        try:  # a NUL byte in the name is a ValueError, a name over NAME_MAX an OSError
+            target = (root / body.checkpoint).resolve()
+        except (OSError, ValueError) as exc:
+            raise RequestRefused(422, f"checkpoint refused, still serving {engine.runtime.version}: {exc}") from exc
         if not target.is_relative_to(root):
             raise RequestRefused(403, "checkpoints load only from under the models directory")
         try:
             runtime = await run_in_threadpool(ModelRuntime.load, target, settings.backend)
-        except CheckpointError as exc:
+        except (CheckpointError, OSError, ValueError) as exc:
             raise RequestRefused(422, f"checkpoint refused, still serving {engine.runtime.version}: {exc}") from exc
         old = engine.swap(runtime)
         metrics.set_model_version(runtime.version, old.version)

@@ -140,7 +140,16 @@ class Engine:
 
     # ----- ingest --------------------------------------------------------------------
     def ingest(self, events: list[dict], apply: bool = True) -> dict:
+        """Log the events, then (``apply``) commit both endpoints' states before returning."""
         rt = self.runtime
+        result, logged = self.log_events(rt, events)
+        if logged and apply:
+            self.apply(rt, logged)
+        result["applied"] = apply or not logged
+        return result
+
+    def log_events(self, rt: ModelRuntime, events: list[dict]) -> tuple[dict, list[LoggedEvent]]:
+        """Validate against the model and append to the log; nothing applied yet."""
         dim = rt.config.edge_feature_dim
         new = []
         for i, e in enumerate(events):
@@ -156,20 +165,23 @@ class Engine:
             if seq is not None
         ]
         maybe_crash("after_log")
-        applied = False
-        if logged and apply:
-            self.apply(rt, logged)
-            applied = True
         metrics.EVENTS_INGESTED.inc(len(logged))
         metrics.EVENTS_DUPLICATE.inc(len(result.duplicates))
         for _, reason in result.late:
             metrics.EVENTS_REJECTED.labels(reason=reason.split(":", 1)[0]).inc()
-        return {
+        summary = {
             "accepted": len(logged),
             "duplicates": len(result.duplicates),
             "rejected": [{"index": i, "reason": r} for i, r in result.late],
-            "applied": applied or not logged,
         }
+        return summary, logged
+
+    def apply_in_background(self, rt: ModelRuntime, logged: list[LoggedEvent]) -> None:
+        """For ``wait=false``: a failure leaves the events pending for the re-drive."""
+        try:
+            self.apply(rt, logged)
+        except Exception:
+            log.warning("background apply failed; the re-drive will apply the events", exc_info=True)
 
     def apply(self, rt: ModelRuntime, logged: list[LoggedEvent]) -> None:
         try:
@@ -261,7 +273,7 @@ class Engine:
             "model_version": rt.version,
             "cached": blob is not None,
             "t_last": t_last if math.isfinite(t_last) else (history[-1].t if history else None),
-            "events_applied": int(st.n_events[0]) if blob is not None else len(history),
+            "events_applied": int(st.n_events[0]),  # 0 while not cached (cold: rebuilt on first use)
             "last_seq": int(st.last_seq[0]) if blob is not None else (history[-1].seq if history else None),
             "history_length": len(history),
         }

@@ -130,3 +130,16 @@ def test_hot_reload(service, client, models_dir):
     assert new_score["logit"] != old_score["logit"]
     assert client.get("/v1/nodes/h1").json()["events_applied"] == 2
     assert client.post("/v1/admin/reload", json={"checkpoint": "a"}).json()["model_version"] == before
+
+
+def test_wait_false_logs_now_and_applies_soon(client):
+    import time
+
+    r = client.post("/v1/events", params={"wait": "false"}, json=events(("nw1", "nw2", 1.0), ("nw1", "nw3", 2.0)))
+    assert r.status_code == 200
+    body = r.json()
+    assert body["accepted"] == 2 and body["applied"] is False
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and client.get("/v1/nodes/nw1").json()["events_applied"] < 2:
+        time.sleep(0.05)
+    assert client.get("/v1/nodes/nw1").json()["events_applied"] == 2
