@@ -48,7 +48,8 @@ class SinusoidalTimeEncoder(nn.Module):
         self.phase = nn.Parameter(torch.zeros(d_time))
 
     def forward(self, span: torch.Tensor) -> torch.Tensor:
-        s = (torch.clamp(span.to(torch.float64), min=0.0) / self.norm.scale).to(torch.float32)
+        # Clamped like the decay's gap units: an absurd span must not become inf in float32.
+        s = torch.clamp(span.to(torch.float64) / self.norm.scale, min=0.0, max=1e30).to(torch.float32)
         return torch.cos(s.unsqueeze(-1) * self.omega + self.phase)
 
 

@@ -31,3 +31,10 @@ def test_fit_uses_positive_gaps_only():
     norm = fit_time_normalisation(torch.tensor([0.0, 0.0, 2.0, 4.0, 6.0, float("inf")], dtype=torch.float64))
     assert norm.scale == 4.0
     assert norm.log_std > 0
+
+
+@pytest.mark.parametrize("kind", ["linear", "sinusoidal", "both"])
+def test_absurd_spans_stay_finite(kind):
+    enc = make_time_encoder(ModelConfig(time_encoder=kind, d_time=4))
+    out = enc(torch.tensor([1e300, 1.7e308], dtype=torch.float64))
+    assert torch.isfinite(out).all()
