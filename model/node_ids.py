@@ -9,6 +9,7 @@ unseen (inductive) nodes get a key too.
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from collections.abc import Iterable
 
 import numpy as np
@@ -26,8 +27,9 @@ def canonical_id(node: str | int) -> str:
     raise TypeError(f"a node id is a string or an integer, not {type(node).__name__}")
 
 
+@lru_cache(maxsize=1 << 18)
 def node_key(node: str) -> int:
-    """Stable non-negative 63-bit key of a canonical node id."""
+    """Stable non-negative 63-bit key of a canonical node id (cached: ids repeat)."""
     digest = hashlib.blake2b(node.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
