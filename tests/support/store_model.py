@@ -1,9 +1,7 @@
 """A real-model ``advance`` for the exactly-once applier, and UCI events, for tests.
 
-``ModelAdvance`` decodes the blobs (None = the initial state), builds each node's
-``EventInputs`` from its new ``LoggedEvent``s (other endpoint's key, role 0 for the
-source / 1 for the destination, features, t, seq) and runs ``DygMambaLinkModel.scan``
-over all nodes at once (padded), then encodes the final states.
+``ModelAdvance`` is the service's own advance function (``ModelRuntime.advance_blobs``)
+on a tiny model, so the store tests exercise exactly what the service runs.
 """
 
 from __future__ import annotations
@@ -13,13 +11,13 @@ import gzip
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from model.checkpoint import LoadedCheckpoint
 from model.config import ModelConfig, TimeNormalisation
-from model.link_model import ROLE_DST, ROLE_SRC, DygMambaLinkModel, EventInputs
-from model.node_ids import node_key
-from model.node_state import NodeStates, StateCodec
+from model.link_model import DygMambaLinkModel
+from model.node_state import StateCodec
+from service.engine import ModelRuntime
 from state_store.base import LoggedEvent, NewEvent
 
 VERSION = "00c0ffee00c0ffee"
@@ -50,60 +48,22 @@ def build_model(config: ModelConfig | None = None, seed: int = SEED) -> DygMamba
 
 
 class ModelAdvance:
-    """The applier's ``advance`` on the real model (batch scan over new events)."""
+    """The applier's ``advance`` on the real model: the service's own
+    ``ModelRuntime.advance_blobs`` (decode, ``model.streaming.advance``, encode),
+    counting its calls."""
 
     def __init__(self, model: DygMambaLinkModel, version: str = VERSION) -> None:
         self.model = model
         self.config = model.config
-        self.codec = StateCodec(model.config, version)
+        self.runtime = ModelRuntime(LoadedCheckpoint(Path("."), model.config, model, version, {}))
+        self.codec = self.runtime.codec
         self.calls = 0
 
     def __call__(
         self, nodes: list[str], blobs: list[bytes | None], new_events: list[list[LoggedEvent]]
     ) -> dict[str, bytes]:
         self.calls += 1
-        n = len(nodes)
-        states = NodeStates.initial(n, self.config)
-        warm = [i for i, b in enumerate(blobs) if b is not None]
-        if warm:
-            dec = self.codec.decode_many([blobs[i] for i in warm])  # type: ignore[misc]
-            idx = torch.tensor(warm)
-            states.h[idx], states.conv[idx] = dec.h, dec.conv
-            states.t_last[idx], states.last_seq[idx], states.n_events[idx] = (
-                dec.t_last,
-                dec.last_seq,
-                dec.n_events,
-            )
-        lengths = torch.tensor([len(e) for e in new_events], dtype=torch.long)
-        t_len = max(1, int(lengths.max()) if n else 1)
-        f_dim = self.config.edge_feature_dim
-        other = np.zeros((n, t_len), dtype=np.int64)
-        role = np.zeros((n, t_len), dtype=np.int64)
-        feats = np.zeros((n, t_len, f_dim), dtype=np.float32)
-        t = np.zeros((n, t_len), dtype=np.float64)
-        seq = np.zeros((n, t_len), dtype=np.int64)
-        for i, (node, evs) in enumerate(zip(nodes, new_events, strict=True)):
-            for j, e in enumerate(evs):
-                is_src = e.src == node
-                other[i, j] = node_key(e.dst if is_src else e.src)
-                role[i, j] = ROLE_SRC if is_src else ROLE_DST
-                if f_dim:
-                    feats[i, j] = e.features
-                t[i, j] = e.t
-                seq[i, j] = e.seq
-            if evs:  # pad with the last time: zero gaps past the end
-                t[i, len(evs) :] = evs[-1].t
-                seq[i, len(evs) :] = evs[-1].seq
-        ev = EventInputs(
-            other_key=torch.from_numpy(other),
-            role=torch.from_numpy(role),
-            features=torch.from_numpy(feats),
-            t=torch.from_numpy(t),
-            seq=torch.from_numpy(seq),
-        )
-        with torch.no_grad():
-            final, _ = self.model.scan(states, ev, lengths)
-        return dict(zip(nodes, self.codec.encode_many(final), strict=True))
+        return self.runtime.advance_blobs(nodes, blobs, new_events)
 
 
 def uci_events(n_rows: int, path: Path = UCI) -> list[NewEvent]:
