@@ -9,8 +9,8 @@ unseen (inductive) nodes get a key too.
 from __future__ import annotations
 
 import hashlib
-from functools import lru_cache
 from collections.abc import Iterable
+from functools import lru_cache
 
 import numpy as np
 
