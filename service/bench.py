@@ -209,7 +209,10 @@ def bench_http(url: str, data: Path, out: Path) -> list[str]:
 def bench_all(checkpoint: Path, data: Path, doc: Path, out: Path) -> str:
     from state_store.bench import run_store_bench
 
+    import os
+
     out.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
     proc, redis_url, workdir = _start_redis()
     try:
         store = run_store_bench(redis_url)
@@ -235,6 +238,9 @@ def bench_all(checkpoint: Path, data: Path, doc: Path, out: Path) -> str:
             "on the machine named here, Redis started locally by the command, the service on",
             "uvicorn (1 worker, 1 torch thread), client and servers sharing the same cores.",
             "Figures are measurements, not guarantees; tests never assert them.",
+            f"Load average (1/5/15 min) before the run: {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f};"
+            f" after: {os.getloadavg()[0]:.2f} / {os.getloadavg()[1]:.2f} / {os.getloadavg()[2]:.2f}"
+            " (anything above 0 is other work sharing the 2 cores).",
             "",
             "## Pipeline (engine in process, local Redis)",
             "",
