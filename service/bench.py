@@ -197,6 +197,15 @@ def bench_http(url: str, data: Path, out: Path) -> list[str]:
     t = float(stream.t[-1])
     body = {"pairs": [{"src": str(a), "dst": str(b), "t": t} for a, b in zip(rng.choice(nodes, 1000), rng.choice(nodes, 1000), strict=True)]}
     with httpx.Client(base_url=url, timeout=60) as c:
+        lat = []
+        for k in range(500):
+            a, b = body["pairs"][k % 1000]["src"], body["pairs"][k % 1000]["dst"]
+            start = time.perf_counter()
+            c.get("/v1/score", params={"src": a, "dst": b, "t": t}).raise_for_status()
+            lat.append(time.perf_counter() - start)
+        p50, p99 = np.percentile(np.array(lat) * 1e3, [50, 99])
+        rows.append(f"| single GET /v1/score, 1 client in a closed loop, no other traffic ({len(lat) / sum(lat):,.0f} req/s) | "
+                    f"p50 {p50:.2f} ms, p99 {p99:.2f} ms |")  # fmt: skip
         c.post("/v1/score", json=body)
         start = time.perf_counter()
         for _ in range(20):
