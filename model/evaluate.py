@@ -36,7 +36,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,8 @@ MRR_SEEDS = {"val": 10, "test": 12}
 # (keeps the scan's chunk kernels small); nodes are independent, so splitting the
 # nodes of a group over several calls changes nothing.
 INGEST_ROW_BUDGET = 2048
+# Bound on queries x L x L of one score() call (pair features build (N, L, L) masks).
+SCORE_BUDGET = 32 * 1024 * 1024
 
 
 # ===================================================================== replay state
@@ -132,9 +134,16 @@ class StreamReplay:
         return NeighbourLists(torch.from_numpy(self.nbr_keys[nodes]), torch.from_numpy(self.nbr_t[nodes]))
 
     def score(self, qs: np.ndarray, qd: np.ndarray, qt: np.ndarray) -> np.ndarray:
-        """Logits of (src, dst, t) queries (dense node indices) with ``streaming.score``."""
+        """Logits of (src, dst, t) queries (dense node indices) with ``streaming.score``.
+
+        Large query sets go in slices (pair features cost N x L x L memory); a query's
+        logit does not depend on the other queries of its call.
+        """
         if len(qs) == 0:
             return np.zeros(0, dtype=np.float64)
+        step = max(256, SCORE_BUDGET // (self.length * self.length))
+        if len(qs) > step:
+            return np.concatenate([self.score(qs[i : i + step], qd[i : i + step], qt[i : i + step]) for i in range(0, len(qs), step)])
         s_idx, d_idx = torch.from_numpy(qs), torch.from_numpy(qd)
         logits = score(
             self.model,
@@ -385,7 +394,7 @@ def validation_ap(model: DygMambaLinkModel, data: IndexedStream, split: Chronolo
 
 # ===================================================================== CLI
 def default_out_dir(checkpoint: Path) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     ckpt = checkpoint.resolve()
     return ckpt.parent / f"{ckpt.name}-eval-{stamp}"
 

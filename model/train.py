@@ -57,7 +57,7 @@ from .training_batches import IndexedStream, NodeEventIndex
 
 TRAIN_STATE_DIR = "train_state"
 SCAN_CHUNK = 1
-ROW_BUDGET = 4096  # rows x padded length per scan call
+ROW_BUDGET = 4096  # rows x padded length per scan call (bounds memory; rows of similar length)
 
 
 # ===================================================================== helpers
@@ -115,6 +115,7 @@ class EpochRunner:
     ) -> None:
         self.model, self.data, self.events, self.index = model, data, train_events, index
         self.window, self.visibility = window, visibility
+        self.catch_up_len = max(4 * window, 64)
         self.train_dst = np.unique(data.dst[train_events])
         n = data.num_nodes
         self.anchor = NodeStates.initial(n, model.config)
@@ -153,6 +154,11 @@ class EpochRunner:
         row_of = np.full(d.num_nodes, -1, dtype=np.int64)
         row_of[touched] = np.arange(len(touched))
         q_rows = row_of[q_nodes]
+        # Scan only as far as some query (or the new anchor) needs: a node's events
+        # after its last queried prefix are picked up by a later batch.
+        need = np.zeros(len(touched), dtype=np.int64)
+        np.maximum.at(need, q_rows, q_m)
+        stop = np.maximum(need, a_new)
         q_off = q_m - a[q_rows]  # position in [anchor, scan1..., scan2...]
         if (q_off < 0).any():
             raise AssertionError("a query needs a state older than its node's anchor")
@@ -162,11 +168,16 @@ class EpochRunner:
             n_layers, di, ds = cfg.n_layers, cfg.d_inner, cfg.d_state
             q_h = torch.zeros(len(q_nodes), n_layers, di, ds)
             new_anchor = NodeStates.initial(len(touched), cfg)
-            for rows in _buckets(end - a):
+            for rows in _buckets(stop - a):
                 sel = torch.from_numpy(touched[rows])
                 init = self.anchor.select(sel)
-                mid, pp1 = self._scan_rows(touched[rows], a[rows], a_new[rows], init)
-                _, pp2 = self._scan_rows(touched[rows], a_new[rows], end[rows], mid)
+                # Catching up over a long stretch (e.g. after a timestamp shared by
+                # thousands of events) runs without gradient: truncated BPTT keeps
+                # the gradient window at about ``window`` events.
+                catch_up = int((a_new[rows] - a[rows]).max()) > self.catch_up_len
+                with torch.set_grad_enabled(torch.is_grad_enabled() and not catch_up):
+                    mid, pp1 = self._scan_rows(touched[rows], a[rows], a_new[rows], init)
+                _, pp2 = self._scan_rows(touched[rows], a_new[rows], stop[rows], mid)
                 # All per-position states of these rows: [anchor, scan1..., scan2...].
                 parts = [init.h.unsqueeze(1)]
                 t1 = pp1.shape[1] if pp1 is not None else 0

@@ -102,13 +102,24 @@ def test_evaluator_equals_event_by_event_advance_and_score(trained, uci_slice) -
     np.testing.assert_allclose(q.logit, expected, atol=1e-4, rtol=0)
 
 
-def test_trainer_scores_equal_streaming_scores(trained, uci_slice) -> None:
-    """The trainer's windowed re-scan gives the logits the service computes (exact visibility)."""
+@pytest.mark.parametrize("coarse", [False, True], ids=["uci-times", "coarse-times"])
+def test_trainer_scores_equal_streaming_scores(trained, uci_slice, coarse) -> None:
+    """The trainer's windowed re-scan gives the logits the service computes (exact visibility).
+
+    "coarse-times" rounds UCI's timestamps to ~2.3-day steps, so hundreds of events share
+    a timestamp (like Can. Parl. / US Legis.) and the trainer's catch-up path runs.
+    """
     model = load_checkpoint(trained[0]).model
     data, split = uci_slice
+    if coarse:
+        stream = data.stream.slice(np.arange(len(data)))
+        stream.t = np.floor(stream.t / 200000.0) * 200000.0
+        data = IndexedStream.build(stream)
+        split = chronological_split(stream)
     train_events = np.where(split.train)[0]
     index = NodeEventIndex.build(data, train_events)
     runner = EpochRunner(model, data, train_events, index, window=4, visibility="exact")
+    runner.catch_up_len = 8
     rng = np.random.default_rng(0)
     got, qs, qd, qt, qe = [], [], [], [], []
     with torch.no_grad():
