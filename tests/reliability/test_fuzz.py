@@ -53,7 +53,7 @@ def test_schemathesis_against_openapi(redis_aof, tmp_path, figures):
         before = served_requests(svc.url)
         report = tmp_path / "report.json"
         cmd = [sys.executable, "-m", "schemathesis.cli", "run", f"{svc.url}/openapi.json",
-               "--checks", "not_a_server_error,response_schema_conformance", "--max-examples", "130",
+               "--checks", "not_a_server_error,response_schema_conformance", "--max-examples", "200",
                "--seed", "20261121", "--workers", "2", "--header", f"X-API-Key: {KEY}", "--request-timeout", "30",
                "--report", "json", "--report-json-path", str(report), "--no-color"]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)  # its cache goes there
