@@ -34,7 +34,6 @@ from model.streaming import NodeEvent, pad_events
 from .engine import Engine, ModelRuntime, _node_event
 from .settings import DEFAULT_CHECKPOINT
 
-
 GOALS = """## Goals from the issues, for comparison
 
 | goal | from |
@@ -232,9 +231,9 @@ def bench_http(url: str, data: Path, out: Path) -> list[str]:
 
 
 def bench_all(checkpoint: Path, data: Path, doc: Path, out: Path) -> str:
-    from state_store.bench import run_store_bench
-
     import os
+
+    from state_store.bench import run_store_bench
 
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
