@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,8 @@ def save_checkpoint(
     config_bytes = json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": CHECKPOINT_FORMAT})
+    # safetensors creates the file 0600; a non-root service user must be able to read it.
+    os.chmod(out / WEIGHTS_FILE, 0o644)
     weights = (out / WEIGHTS_FILE).read_bytes()
     (out / CONFIG_FILE).write_bytes(config_bytes)
     version = model_version(doc, weights)

@@ -31,7 +31,7 @@ from model.data import read_edge_stream
 from model.node_state import NodeStates
 from model.streaming import NodeEvent, pad_events
 
-from .engine import Engine, ModelRuntime, _node_event
+from .engine import Engine, ModelRuntime, node_events
 from .settings import DEFAULT_CHECKPOINT
 
 GOALS = """## Goals from the issues, for comparison
@@ -87,7 +87,7 @@ def recompute_scores(engine: Engine, pairs: list[tuple[str, str, float]], window
     rt = engine.runtime
     nodes = [n for s, d, _ in pairs for n in (s, d)]
     histories = engine.store.read_histories(nodes, limit=window)
-    per_node: list[list[NodeEvent]] = [[_node_event(n, e) for e in h] for n, h in zip(nodes, histories, strict=True)]
+    per_node: list[list[NodeEvent]] = [[x for e in h for x in node_events(n, e)] for n, h in zip(nodes, histories, strict=True)]
     ev, lengths = pad_events(per_node, rt.config.edge_feature_dim)
     with torch.no_grad():
         states, _ = rt.model.scan(NodeStates.initial(len(nodes), rt.config), ev, lengths)

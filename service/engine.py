@@ -27,10 +27,9 @@ import numpy as np
 import torch
 
 from model.checkpoint import LoadedCheckpoint, load_checkpoint
-from model.link_model import ROLE_DST, ROLE_SRC
 from model.node_ids import node_key
 from model.node_state import NodeStates, StateCodec
-from model.streaming import NeighbourLists, NodeEvent, advance, score
+from model.streaming import NeighbourLists, NodeEvent, advance, endpoint_events, score
 from state_store.applier import apply_logged, redrive
 from state_store.base import LoggedEvent, NewEvent, StateStore
 from state_store.faults import maybe_crash
@@ -92,16 +91,31 @@ class ModelRuntime:
     def advance_blobs(self, nodes: list[str], blobs: list[bytes | None], new_events: list[list[LoggedEvent]]) -> dict[str, bytes]:
         """The applier's callback: apply each node's new events, return the new blobs."""
         states = self.decode(blobs)
-        per_node = [[_node_event(node, e) for e in events] for node, events in zip(nodes, new_events, strict=True)]
+        per_node = [[x for e in events for x in node_events(node, e)] for node, events in zip(nodes, new_events, strict=True)]
         new = advance(self.model, states, per_node)
         return dict(zip(nodes, self.codec.encode_many(new), strict=True))
 
 
-def _node_event(node: str, e: LoggedEvent) -> NodeEvent:
-    # A self-loop is one event applied once, as its source.
-    if e.src == node:
-        return NodeEvent(node_key(e.dst), ROLE_SRC, e.features, e.t, e.seq)
-    return NodeEvent(node_key(e.src), ROLE_DST, e.features, e.t, e.seq)
+def node_events(node: str, e: LoggedEvent) -> list[NodeEvent]:
+    """The logged event as seen from ``node``. A self-loop (u, u) is two entries for u,
+    the source's then the destination's, as the trainer and evaluator see it
+    (``model.streaming.endpoint_events``); the store keeps it once in the history."""
+    src, dst = endpoint_events(node_key(e.src), node_key(e.dst), e.features, e.t, e.seq)
+    if e.src == e.dst:
+        return [src, dst]
+    return [src] if e.src == node else [dst]
+
+
+def expand_self_loops(node: str, ids: list[str], times: list[float]) -> tuple[list[str], list[float]]:
+    """A node's recent-neighbour list with each self-loop entry doubled, like its events."""
+    if node not in ids:
+        return ids, times
+    out_ids, out_t = [], []
+    for i, t in zip(ids, times, strict=True):
+        reps = 2 if i == node else 1
+        out_ids += [i] * reps
+        out_t += [t] * reps
+    return out_ids, out_t
 
 
 @dataclass
@@ -237,8 +251,11 @@ class Engine:
         length = rt.config.neighbour_list_len
         with timed_store("read_neighbours"):
             nbr_ids, nbr_times = self.store.read_neighbours(nodes, length)
-        nbr_keys = [[node_key(x) for x in ids] for ids in nbr_ids]
-        nbr_t = [row[~np.isnan(row)].tolist() for row in nbr_times]
+        nbr_keys, nbr_t = [], []
+        for node, ids, row in zip(nodes, nbr_ids, nbr_times, strict=True):
+            ids, ts = expand_self_loops(node, ids, row[~np.isnan(row)].tolist())
+            nbr_keys.append([node_key(x) for x in ids])
+            nbr_t.append(ts)
         lists = NeighbourLists.from_lists(nbr_keys, nbr_t, length)
         iu = torch.tensor([pos[s] for s, _, _ in pairs])
         iv = torch.tensor([pos[d] for _, d, _ in pairs])

@@ -87,3 +87,8 @@ def test_shape_mismatch_is_refused_even_with_matching_checksums(ckpt, tmp_path):
 def test_missing_directory_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="not found"):
         load_checkpoint(tmp_path / "nope")
+
+
+def test_weights_are_world_readable(ckpt):
+    path, _, _ = ckpt
+    assert (path / "weights.safetensors").stat().st_mode & 0o044 == 0o044
