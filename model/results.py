@@ -77,7 +77,7 @@ BUDGETS: dict[str, dict[str, Any]] = {
     "canparl": {"epochs": 3, "patience": 2, "max_train_events": None, "mrr_k": 20},
     "uslegis": {"epochs": 3, "patience": 2, "max_train_events": None, "mrr_k": 20},
     "wikipedia": {"epochs": 3, "patience": 2, "max_train_events": None, "mrr_k": 5},
-    "mooc": {"epochs": 2, "patience": 1, "max_train_events": None, "mrr_k": 5},
+    "mooc": {"epochs": 8, "patience": 2, "max_train_events": None, "mrr_k": 5},
 }
 FULL_PROTOCOL_EPOCHS = 100
 

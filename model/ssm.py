@@ -39,6 +39,17 @@ from torch import nn
 # Gaps (in units of the fitted scale) are clamped here: exp(A * lam * 1e30) is 0
 # already, and an infinite gap would turn 0 * inf into NaN in the scan.
 MAX_GAP_UNITS = 1e30
+# Decay factors exp(x) with x below this log-decay are set to exactly 0. Left alone,
+# they underflow into float32 denormals, where the CPU falls to slow paths: torch's
+# vectorised exp (~25x slower below -87.3) and every later product and matmul
+# (the read-out). Most decays of stale nodes land there. exp(-60) is 8.7e-27, so no
+# state moves by more than that times |h|.
+LOG_DECAY_FLOOR = -60.0
+
+
+def decay_factor(log_decay: torch.Tensor) -> torch.Tensor:
+    """exp(log_decay) for log_decay <= 0, flushed to 0 below ``LOG_DECAY_FLOOR``."""
+    return torch.where(log_decay > LOG_DECAY_FLOOR, torch.exp(log_decay.clamp(min=LOG_DECAY_FLOOR)), 0.0)
 
 
 @dataclass
@@ -117,7 +128,7 @@ class SelectiveSSMLayer(nn.Module):
 
     def decay(self, h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """Zero-input evolution of ``h`` (N, d_inner, d_state) over gaps ``g`` (N,) in units."""
-        return torch.exp(self.log_decay_rate() * g[:, None, None]) * h
+        return decay_factor(self.log_decay_rate() * g[:, None, None]) * h
 
     # ----- one event per node ----------------------------------------------------------
     def step(
@@ -180,7 +191,7 @@ class SelectiveSSMLayer(nn.Module):
         for start in range(0, t_len, chunk):
             stop = min(start + chunk, t_len)
             # Per-position decay a_t = exp(A lam g_t) and input b_t; fold h into b_0.
-            a = torch.exp(rate * g[:, start:stop, None, None])  # (N, q, di, ds)
+            a = decay_factor(rate * g[:, start:stop, None, None])  # (N, q, di, ds)
             b = u[:, start:stop]
             b = torch.cat([(b[:, :1] + a[:, :1] * h.unsqueeze(1)), b[:, 1:]], dim=1)
             # Hillis-Steele inclusive scan of the affine maps h -> a h + b:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from model.config import ModelConfig
 from model.link_model import DygMambaLinkModel, EventInputs
 from model.node_state import NodeStates
+from model.ssm import LOG_DECAY_FLOOR
 
 RTOL, ATOL = 1e-5, 1e-5
 
@@ -204,7 +205,10 @@ def test_decay_composition(a, b, seed):
     with torch.no_grad():
         once = model.decay(h, t0, t0 + a + b)
         twice = model.decay(model.decay(h, t0, t0 + a), t0 + a, t0 + a + b)
-    torch.testing.assert_close(once, twice, rtol=1e-5, atol=1e-30)
+    # Decay factors below exp(LOG_DECAY_FLOOR) are flushed to 0 (denormal slow paths),
+    # so composition holds up to that flush, applied at most twice.
+    flush = 2 * math.exp(LOG_DECAY_FLOOR) * float(h.abs().max())
+    torch.testing.assert_close(once, twice, rtol=1e-5, atol=flush)
 
 
 def test_query_before_last_event_is_clamped_not_rewound():
