@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
 from .config import ModelConfig
 from .node_state import NodeStates
 from .pair_features import PAIR_FEATURE_DIM
+from .rank_plan import RankPlan
 from .ssm import LayerState, SelectiveSSMLayer, gap_units
 from .time_encoding import make_time_encoder
 
@@ -101,6 +103,45 @@ class DygMambaLinkModel(nn.Module):
             last_seq=ev.seq.to(torch.int64),
             n_events=states.n_events + 1,
         )
+
+    # ----- many events of many nodes, packed rank-major ---------------------------------
+    def apply_ranked(self, states0: NodeStates, ev: EventInputs, plan: RankPlan) -> NodeStates:
+        """Apply each node's events, packed rank-major by ``plan`` (ev fields shaped (E,)).
+
+        ``states0`` and the result are in the caller's node order; the plan's sorting
+        stays inside. Equal to folding ``step`` over each node's events (tested).
+        """
+        if plan.num_events == 0:
+            return states0.clone()
+        order = torch.from_numpy(plan.order)
+        s = states0.select(order)
+        t = ev.t.to(torch.float64)
+        prev_pos, has_prev = plan.previous_event()
+        t_prev = torch.where(has_prev, t[prev_pos], s.t_last[torch.from_numpy(plan.node_of)])
+        gap, first = self._gap(t, t_prev)
+        r, g, phi = self.tokens(ev, gap, first)
+        k1 = self.config.d_conv - 1
+        windows, tails = plan.conv_windows(k1), plan.final_tails(k1)
+        hs, convs = [], []
+        for i, layer in enumerate(self.layers):
+            last_layer = i == len(self.layers) - 1
+            out, new = layer.ranked(
+                LayerState(s.h[:, i], s.conv[:, i]), r, g, phi, plan, windows, tails, need_outputs=not last_layer
+            )
+            r = out if out is not None else r
+            hs.append(new.h)
+            convs.append(new.conv)
+        lengths = torch.from_numpy(plan.lengths)
+        has = lengths > 0
+        last = plan.last_event()
+        final = NodeStates(
+            h=torch.stack(hs, dim=1),
+            conv=torch.stack(convs, dim=1),
+            t_last=torch.where(has, t[last], s.t_last),
+            last_seq=torch.where(has, ev.seq.to(torch.int64)[last], s.last_seq),
+            n_events=s.n_events + lengths,
+        )
+        return final.select(torch.from_numpy(np.argsort(plan.order)))
 
     # ----- padded sequences ------------------------------------------------------------
     def scan(

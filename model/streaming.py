@@ -2,7 +2,7 @@
 evaluator and the HTTP service so that both compute exactly the same numbers:
 
 * ``advance``: apply each node's new events (in (t, seq) order) to its state, all
-  nodes at once, as a segmented step over event ranks.
+  nodes at once, packed rank-major (``model.rank_plan``).
 * ``score``: logits for (u, v, tau) pairs from the nodes' states (decayed to tau)
   and their recent-neighbour lists (pair features). Never writes anything.
 """
@@ -18,6 +18,7 @@ import torch
 from .link_model import ROLE_DST, ROLE_SRC, DygMambaLinkModel, EventInputs
 from .node_state import NodeStates
 from .pair_features import PAD_KEY, pair_features
+from .rank_plan import RankPlan
 
 
 @dataclass(frozen=True)
@@ -66,49 +67,63 @@ def pad_events(per_node: Sequence[Sequence[NodeEvent]], feature_dim: int) -> tup
     return ev, torch.from_numpy(lengths)
 
 
-# Nodes with more new events than this (hubs in a busy batch, cold rebuilds from a
-# long history) go through the associative scan, parallel over time; the rest
-# through a segmented step, one vectorised step per event rank (each step costs a
-# fixed ~0.7 ms of framework overhead on this CPU, so a long loop of tiny steps is
-# what the scan avoids). On CUDA the scan pays off sooner.
-SCAN_FROM_EVENTS_CPU = 32
-SCAN_FROM_EVENTS_CUDA = 4
+def pack_events(per_node: Sequence[Sequence[NodeEvent]], plan: RankPlan, feature_dim: int) -> EventInputs:
+    """Per-node event lists -> (E,) inputs packed rank-major by ``plan``."""
+    e = plan.num_events
+    flat = [ev for i in plan.order.tolist() for ev in per_node[i]]
+    pos = plan.packed_pos
+    other = np.empty(e, dtype=np.int64)
+    role = np.empty(e, dtype=np.int64)
+    times = np.empty(e, dtype=np.float64)
+    seqs = np.empty(e, dtype=np.int64)
+    feats = np.zeros((e, feature_dim), dtype=np.float32)
+    other[pos] = [x.other_key for x in flat]
+    role[pos] = [x.role for x in flat]
+    times[pos] = [x.t for x in flat]
+    seqs[pos] = [x.seq for x in flat]
+    if feature_dim and e:
+        feats[pos] = np.asarray([x.features for x in flat], dtype=np.float32).reshape(e, feature_dim)
+    return EventInputs(
+        other_key=torch.from_numpy(other),
+        role=torch.from_numpy(role),
+        features=torch.from_numpy(feats),
+        t=torch.from_numpy(times),
+        seq=torch.from_numpy(seqs),
+    )
 
 
 @torch.no_grad()
 def advance(model: DygMambaLinkModel, states: NodeStates, per_node: Sequence[Sequence[NodeEvent]]) -> NodeStates:
     """Apply each node's events (already in (t, seq) order) to its state.
 
-    Segmented step: rank k applies the k-th event of every node that has one, in
-    one vectorised step; nodes with many events (hubs, cold rebuilds) go through
-    one batch scan together instead. Step and scan are tested equal.
+    All nodes at once: the events are packed rank-major and applied by
+    ``model.apply_ranked`` (one pass over all events for everything but the
+    recurrence, then one slice-multiply-add per rank). A model without that kernel
+    (the ONNX backend) takes the segmented step: one vectorised ``step`` per rank.
+    Ranked, step and scan are tested equal.
     """
     if len(states) == 0:
         return states
+    if not hasattr(model, "apply_ranked"):
+        return _advance_stepwise(model, states, per_node)
+    plan = RankPlan.build([len(e) for e in per_node])
+    return model.apply_ranked(states, pack_events(per_node, plan, model.config.edge_feature_dim), plan)
+
+
+def _advance_stepwise(model: DygMambaLinkModel, states: NodeStates, per_node: Sequence[Sequence[NodeEvent]]) -> NodeStates:
+    """Segmented step: rank k applies the k-th event of every node that has one."""
     lengths = [len(e) for e in per_node]
-    threshold = SCAN_FROM_EVENTS_CUDA if states.h.is_cuda else SCAN_FROM_EVENTS_CPU
-    long_rows = [i for i, n in enumerate(lengths) if n > threshold]
-    short_rows = [i for i, n in enumerate(lengths) if 0 < n <= threshold]
+    rows = [i for i, n in enumerate(lengths) if n > 0]
     out = states.clone()
-    dim = model.config.edge_feature_dim
-    # Long rows scan in buckets of similar length (within 2x), so that a 100-event hub
-    # does not pad forty 35-event nodes to 100 positions.
-    long_rows.sort(key=lambda i: lengths[i])
-    while long_rows:
-        limit = 2 * lengths[long_rows[0]]
-        bucket = [i for i in long_rows if lengths[i] <= limit]
-        long_rows = long_rows[len(bucket) :]
-        ev, lens = pad_events([per_node[i] for i in bucket], dim)
-        final, _ = model.scan(states.select(bucket), ev, lens)
-        _assign(out, torch.tensor(bucket), final)
-    if short_rows:
-        ev, lens = pad_events([per_node[i] for i in short_rows], dim)
-        cur = states.select(short_rows)
-        for k in range(int(ev.t.shape[1])):
-            rows = torch.nonzero(lens > k).squeeze(1)
-            step_in = EventInputs(ev.other_key[rows, k], ev.role[rows, k], ev.features[rows, k], ev.t[rows, k], ev.seq[rows, k])
-            _assign(cur, rows, model.step(cur.select(rows), step_in))
-        _assign(out, torch.tensor(short_rows), cur)
+    if not rows:
+        return out
+    ev, lens = pad_events([per_node[i] for i in rows], model.config.edge_feature_dim)
+    cur = states.select(rows)
+    for k in range(int(ev.t.shape[1])):
+        active = torch.nonzero(lens > k).squeeze(1)
+        step_in = EventInputs(ev.other_key[active, k], ev.role[active, k], ev.features[active, k], ev.t[active, k], ev.seq[active, k])
+        _assign(cur, active, model.step(cur.select(active), step_in))
+    _assign(out, torch.tensor(rows), cur)
     return out
 
 

@@ -1,34 +1,117 @@
-"""model.streaming.advance takes two routes (segmented step, batch scan for long
-per-node sequences); both must give the same states as a plain fold of step."""
+"""model.streaming.advance: the rank-major packed kernel (``apply_ranked``, the serving
+path) and the segmented step (models without that kernel, e.g. ONNX) must both give
+the states of a plain fold of ``step``, from initial and from carried states."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import model.streaming as streaming
 from model.config import ModelConfig
 from model.link_model import DygMambaLinkModel, EventInputs
 from model.node_state import NodeStates
+from model.rank_plan import RankPlan
 
 
-def test_both_routes_agree_with_a_fold_of_step():
+def _events(lengths: tuple[int, ...], t0: float, gen: torch.Generator) -> list[list[streaming.NodeEvent]]:
+    per_node = []
+    for n_events in lengths:
+        t = t0 + torch.cumsum(torch.rand(n_events, generator=gen, dtype=torch.float64) * 10, 0)
+        t[1::3] = t[0::3][: len(t[1::3])]  # some equal timestamps: zero gaps
+        t = torch.cummax(t, 0).values
+        per_node.append([streaming.NodeEvent(int(k) * 7 + 1, int(k % 2), [0.5, -float(k)], float(t[k]), int(k)) for k in range(n_events)])
+    return per_node
+
+
+def _carried_states(n: int, cfg: ModelConfig, gen: torch.Generator) -> NodeStates:
+    s = NodeStates.initial(n, cfg)
+    s.h = torch.randn(s.h.shape, generator=gen)
+    s.conv = torch.randn(s.conv.shape, generator=gen)
+    s.t_last = torch.where(torch.arange(n) % 2 == 0, torch.full((n,), -5.0, dtype=torch.float64), s.t_last)
+    s.n_events = torch.where(torch.isfinite(s.t_last), 3, 0)
+    return s
+
+
+def _fold_step(model: DygMambaLinkModel, s0: NodeStates, i: int, events: list[streaming.NodeEvent]) -> NodeStates:
+    cur = s0.select([i])
+    with torch.no_grad():
+        for e in events:
+            ev = EventInputs(torch.tensor([e.other_key]), torch.tensor([e.role]), torch.tensor([list(e.features)], dtype=torch.float32),
+                             torch.tensor([e.t], dtype=torch.float64), torch.tensor([e.seq]))  # fmt: skip
+            cur = model.step(cur, ev)
+    return cur
+
+
+@pytest.mark.parametrize("route", ["ranked", "stepwise", "ranked_small_blocks"])
+@pytest.mark.parametrize("n_layers,d_conv", [(1, 4), (2, 4), (2, 1)])
+@pytest.mark.parametrize("carried", [False, True])
+def test_advance_equals_a_fold_of_step(route, n_layers, d_conv, carried, monkeypatch):
     torch.manual_seed(0)
-    cfg = ModelConfig(edge_feature_dim=2, n_layers=2)
+    cfg = ModelConfig(edge_feature_dim=2, n_layers=n_layers, d_conv=d_conv)
     model = DygMambaLinkModel(cfg).eval()
     gen = torch.Generator().manual_seed(1)
-    per_node = []
-    for n_events in (1, 3, streaming.SCAN_FROM_EVENTS_CPU + 1, 120, 0, 40):
-        t = torch.cumsum(torch.rand(n_events, generator=gen, dtype=torch.float64) * 10, 0)
-        per_node.append([streaming.NodeEvent(int(k), int(k % 2), [0.5, -float(k)], float(t[k]), int(k)) for k in range(n_events)])
-    s0 = NodeStates.initial(len(per_node), cfg)
-    out = streaming.advance(model, s0, per_node)
+    per_node = _events((1, 3, 33, 120, 0, 40, 2, 0), 0.0, gen)
+    s0 = _carried_states(len(per_node), cfg, gen) if carried else NodeStates.initial(len(per_node), cfg)
+    if route == "stepwise":
+        out = streaming._advance_stepwise(model, s0, per_node)
+    else:
+        if route == "ranked_small_blocks":  # forces many runs of ranks (bounded memory path)
+            layer_ranked = type(model.layers[0]).ranked
+            monkeypatch.setattr(type(model.layers[0]), "ranked", lambda self, *a, **k: layer_ranked(self, *a, **{**k, "block_elements": 3000}))
+        out = streaming.advance(model, s0, per_node)
     for i, events in enumerate(per_node):
-        cur = s0.select([i])
-        with torch.no_grad():
-            for e in events:
-                ev = EventInputs(torch.tensor([e.other_key]), torch.tensor([e.role]), torch.tensor([list(e.features)], dtype=torch.float32),
-                                 torch.tensor([e.t], dtype=torch.float64), torch.tensor([e.seq]))  # fmt: skip
-                cur = model.step(cur, ev)
-        torch.testing.assert_close(out.h[i : i + 1], cur.h, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(out.conv[i : i + 1], cur.conv, rtol=1e-5, atol=1e-5)
-        assert int(out.n_events[i]) == len(events)
+        ref = _fold_step(model, s0, i, events)
+        torch.testing.assert_close(out.h[i : i + 1], ref.h, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.conv[i : i + 1], ref.conv, rtol=1e-5, atol=1e-5)
+        assert int(out.n_events[i]) == int(s0.n_events[i]) + len(events)
+        assert float(out.t_last[i]) == float(ref.t_last[0]) or (not events and not torch.isfinite(out.t_last[i]))
+        assert int(out.last_seq[i]) == int(ref.last_seq[0])
+
+
+def test_ranked_agrees_with_the_scan():
+    """The packed kernel and the associative scan are different computations of one recurrence."""
+    torch.manual_seed(3)
+    cfg = ModelConfig(edge_feature_dim=2, n_layers=2)
+    model = DygMambaLinkModel(cfg).eval()
+    gen = torch.Generator().manual_seed(4)
+    per_node = _events((5, 64, 17, 1), 100.0, gen)
+    s0 = _carried_states(len(per_node), cfg, gen)
+    ranked = streaming.advance(model, s0, per_node)
+    ev, lengths = streaming.pad_events(per_node, cfg.edge_feature_dim)
+    with torch.no_grad():
+        scanned, _ = model.scan(s0, ev, lengths)
+    torch.testing.assert_close(ranked.h, scanned.h, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ranked.conv, scanned.conv, rtol=1e-5, atol=1e-5)
+
+
+def test_no_events_leaves_states_unchanged():
+    cfg = ModelConfig()
+    model = DygMambaLinkModel(cfg).eval()
+    s0 = _carried_states(3, cfg, torch.Generator().manual_seed(0))
+    out = streaming.advance(model, s0, [[], [], []])
+    assert torch.equal(out.h, s0.h) and torch.equal(out.conv, s0.conv) and torch.equal(out.n_events, s0.n_events)
+
+
+def test_rank_plan_layout():
+    plan = RankPlan.build([2, 0, 3, 1])
+    # sorted longest first: original rows 2 (3 events), 0 (2), 3 (1), 1 (0)
+    assert plan.order.tolist() == [2, 0, 3, 1]
+    assert plan.counts.tolist() == [3, 2, 1]
+    assert plan.offsets.tolist() == [0, 3, 5, 6]
+    assert plan.node_of.tolist() == [0, 1, 2, 0, 1, 0]
+    assert plan.rank_of.tolist() == [0, 0, 0, 1, 1, 2]
+    # node-major listing (node 0: ranks 0,1,2; node 1: 0,1; node 2: 0) -> packed slots
+    assert plan.packed_pos.tolist() == [0, 3, 5, 1, 4, 2]
+    prev, has = plan.previous_event()
+    assert has.tolist() == [False, False, False, True, True, True]
+    assert prev[has].tolist() == [0, 1, 3]
+    assert plan.last_event().tolist() == [5, 4, 2, 0]
+    # d_conv = 3 (k1 = 2): event (rank 1, node 0) sees tail[0][1], x(rank 0), x(rank 1)
+    windows = plan.conv_windows(2)
+    e = 3  # rank 1, node 0
+    assert windows[e].tolist() == [6 + 0 * 2 + 1, 0, 3]
+    tails = plan.final_tails(2)
+    assert tails[0].tolist() == [3, 5]  # last two events of node 0
+    assert tails[2].tolist() == [6 + 2 * 2 + 1, 2]  # node 2: tail[1] then its only event
+    assert tails[3].tolist() == [6 + 3 * 2, 6 + 3 * 2 + 1]  # no events: the tail stays
