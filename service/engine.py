@@ -30,7 +30,7 @@ from model.checkpoint import LoadedCheckpoint, load_checkpoint
 from model.node_ids import node_key
 from model.node_state import NodeStates, StateCodec
 from model.streaming import NeighbourLists, NodeEvent, advance, endpoint_events, score
-from state_store.applier import apply_logged, redrive
+from state_store.applier import LoggedBatch, apply_logged, redrive
 from state_store.base import LoggedEvent, NewEvent, StateStore
 from state_store.faults import maybe_crash
 
@@ -162,7 +162,7 @@ class Engine:
         result["applied"] = apply or not logged
         return result
 
-    def log_events(self, rt: ModelRuntime, events: list[dict]) -> tuple[dict, list[LoggedEvent]]:
+    def log_events(self, rt: ModelRuntime, events: list[dict]) -> tuple[dict, LoggedBatch]:
         """Validate against the model and append to the log; nothing applied yet."""
         dim = rt.config.edge_feature_dim
         new = []
@@ -188,19 +188,19 @@ class Engine:
             "duplicates": len(result.duplicates),
             "rejected": [{"index": i, "reason": r} for i, r in result.late],
         }
-        return summary, logged
+        return summary, LoggedBatch(logged, result.previous_seq)
 
-    def apply_in_background(self, rt: ModelRuntime, logged: list[LoggedEvent]) -> None:
+    def apply_in_background(self, rt: ModelRuntime, logged: LoggedBatch) -> None:
         """For ``wait=false``: a failure leaves the events pending for the re-drive."""
         try:
             self.apply(rt, logged)
         except Exception:
             log.warning("background apply failed; the re-drive will apply the events", exc_info=True)
 
-    def apply(self, rt: ModelRuntime, logged: list[LoggedEvent]) -> None:
+    def apply(self, rt: ModelRuntime, logged: LoggedBatch) -> None:
         try:
             with timed_store("apply"):
-                apply_logged(self.store, rt.version, logged, rt.advance_blobs)
+                apply_logged(self.store, rt.version, logged.events, rt.advance_blobs, previous_seq=logged.previous_seq)
         except Exception:
             self.needs_redrive = True  # logged but maybe not applied: re-drive later
             raise

@@ -31,7 +31,7 @@ and re-applying is a no-op, so a crash anywhere is healed by the next re-drive.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from model.node_state import read_watermark
@@ -87,10 +87,75 @@ def _unique(nodes: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(nodes))
 
 
+@dataclass
+class LoggedBatch:
+    """The events one append logged, with what the append told about their nodes."""
+
+    events: list[LoggedEvent]
+    previous_seq: dict[str, int] = field(default_factory=dict)  # AppendResult.previous_seq
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+@dataclass(frozen=True)
+class JustLogged:
+    """What one append told about a node: the seq of its last event before the batch,
+    and the batch's events of the node in seq order."""
+
+    previous_seq: int
+    events: list[LoggedEvent]
+
+
+def just_logged(events: list[LoggedEvent], previous_seq: dict[str, int]) -> dict[str, JustLogged]:
+    per_node: dict[str, list[LoggedEvent]] = {}
+    for e in events:
+        per_node.setdefault(e.src, []).append(e)
+        if e.dst != e.src:
+            per_node.setdefault(e.dst, []).append(e)
+    return {n: JustLogged(previous_seq[n], evs) for n, evs in per_node.items() if n in previous_seq}
+
+
+def _new_events(
+    store: StateStore, todo: list[str], after: list[int], known: dict[str, JustLogged] | None
+) -> tuple[list[list[LoggedEvent]], int]:
+    """Each node's events after its watermark seq, and the round trips spent.
+
+    Fast path: a node whose watermark is at or past its seq before the batch it was
+    just logged in needs exactly that batch's events after the watermark (nothing else
+    can be missing; a later concurrent batch is its writer's to apply). Every other
+    node (cold, behind, or not just logged) reads its stored history.
+    """
+    out: list[list[LoggedEvent] | None] = [None] * len(todo)
+    slow = []
+    for i, n in enumerate(todo):
+        k = known.get(n) if known else None
+        if k is not None and after[i] >= 0 and after[i] >= k.previous_seq:
+            out[i] = [e for e in k.events if e.seq > after[i]]
+        elif k is not None and after[i] < 0 and k.previous_seq < 0:
+            out[i] = list(k.events)  # a new node: the batch is its whole history
+        else:
+            slow.append(i)
+    if slow:
+        read = store.read_histories([todo[i] for i in slow], after_seq=[after[i] for i in slow])
+        for i, h in zip(slow, read, strict=True):
+            out[i] = h
+    return [h or [] for h in out], int(bool(slow))
+
+
 def apply_nodes(
-    store: StateStore, version: str, nodes: list[str], advance: Advance, max_rounds: int = 8
+    store: StateStore,
+    version: str,
+    nodes: list[str],
+    advance: Advance,
+    max_rounds: int = 8,
+    known: dict[str, JustLogged] | None = None,
 ) -> ApplyStats:
-    """Bring the stored blobs of ``nodes`` up to date with their histories."""
+    """Bring the stored blobs of ``nodes`` up to date with their histories.
+
+    ``known`` (from the append that just logged events of these nodes) lets the first
+    round skip the history read of nodes that were up to date before that append.
+    """
     stats = ApplyStats()
     todo = _unique(nodes)
     for _ in range(max_rounds):
@@ -100,8 +165,9 @@ def apply_nodes(
         blobs = store.read_states(version, todo)
         marks = [None if b is None else read_watermark(b) for b in blobs]
         after = [-1 if m is None else int(m[1]) for m in marks]
-        histories = store.read_histories(todo, after_seq=after)
-        stats.round_trips += 2
+        histories, trips = _new_events(store, todo, after, known)
+        known = None  # later rounds (conflicts) re-read everything
+        stats.round_trips += 1 + trips
         sel = [i for i, h in enumerate(histories) if h]
         if not sel:
             return stats
@@ -134,10 +200,16 @@ def apply_logged(
     events: list[LoggedEvent],
     advance: Advance,
     max_rounds: int = 8,
+    previous_seq: dict[str, int] | None = None,
 ) -> ApplyStats:
-    """Apply the endpoints of just-logged events, then mark the events applied."""
+    """Apply the endpoints of just-logged events, then mark the events applied.
+
+    ``previous_seq``: ``AppendResult.previous_seq`` of the append that logged exactly
+    these events (enables the fast path of ``apply_nodes``); None for re-drives.
+    """
     nodes = _unique(n for e in events for n in (e.src, e.dst))
-    stats = apply_nodes(store, version, nodes, advance, max_rounds=max_rounds)
+    known = just_logged(events, previous_seq) if previous_seq else None
+    stats = apply_nodes(store, version, nodes, advance, max_rounds=max_rounds, known=known)
     if events:
         store.mark_applied([e.seq for e in events])
         stats.round_trips += 1

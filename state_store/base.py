@@ -93,6 +93,10 @@ class AppendResult:
     event_ids: list[str] = field(
         default_factory=list
     )  # per input event: its id (given or assigned)
+    # Per endpoint of a logged event: the seq of that node's last logged event BEFORE
+    # this batch (-1: none). The applier's fast path: a node whose stored watermark is
+    # at least this needs exactly this batch's events, so its history is not re-read.
+    previous_seq: dict[str, int] = field(default_factory=dict)
 
     @property
     def rejected(self) -> list[tuple[int, str]]:

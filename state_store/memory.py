@@ -150,6 +150,8 @@ class InMemoryStore(StateStore):
                     h = self._histories.get(node)
                     if h is None:
                         h = self._histories[node] = deque(maxlen=cfg.history_cap)
+                    if node not in result.previous_seq:
+                        result.previous_seq[node] = h[-1].seq if h else -1
                     h.append(e)
                     self._last_t[node] = t
                 if self._latest is None or t > self._latest:

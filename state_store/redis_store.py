@@ -60,7 +60,12 @@ from .common import (
 # KEYS: 1 seq, 2 stream, 3 pending, 4 lt, 5 tmax; then per event i: eid, h:src, h:dst
 # ARGV: 1 n, 2 dedupe ttl ms ('' = forever), 3 history cap, 4 future skew ('' = off);
 #       then per event i: src, dst, t (repr), tail (the JSON after the seq)
-# Returns per event: {seq} | {-1} duplicate | {-2, node, last_t} late | {-3, tmax} future
+# Returns per event: {seq} | {-1} duplicate | {-2, node, last_t} late | {-3, tmax} future;
+# then one more element: {node, previous seq, ...} for every endpoint of a logged event
+# (its last logged seq before this batch, -1 if none).
+# Per event only what must be per event is a command (dedupe check and marker, XADD,
+# the two history ZADDs); the counter, the late-check times, the pending set and the
+# history trims are read once per node or written once per batch.
 APPEND_LUA = """
 local n = tonumber(ARGV[1])
 local ttl = ARGV[2]
@@ -70,7 +75,38 @@ local tmax_s = redis.call('GET', KEYS[5])
 local tmax = nil
 if tmax_s then tmax = tonumber(tmax_s) end
 local tmax_changed = false
+local seq0 = tonumber(redis.call('GET', KEYS[1]) or '0')
+local seq = seq0
+local lt = {}
+local prev = {}
+local hist = {}
+local touched = {}
+local pend = {}
 local out = {}
+local function last_time(node)
+  local v = lt[node]
+  if v == nil then
+    local s = redis.call('HGET', KEYS[4], node)
+    if s then v = {tonumber(s), s} else v = false end
+    lt[node] = v
+  end
+  return v
+end
+local function add_to_history(node, key, seq_s, m, t, ts)
+  if prev[node] == nil then
+    local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if #top > 0 then prev[node] = tonumber(top[2]) else prev[node] = -1 end
+    hist[node] = key
+    touched[#touched + 1] = node
+  end
+  redis.call('ZADD', key, seq_s, m)
+  lt[node] = {t, ts}
+end
+local function write_chunked(cmd, key, flat)
+  for j = 1, #flat, 1000 do
+    redis.call(cmd, key, unpack(flat, j, math.min(j + 999, #flat)))
+  end
+end
 for i = 1, n do
   local kb = 5 + 3 * (i - 1)
   local ab = 4 + 4 * (i - 1)
@@ -80,30 +116,25 @@ for i = 1, n do
     out[i] = {-1}
   else
     local late = nil
-    local ls = redis.call('HGET', KEYS[4], src)
-    if ls and t < tonumber(ls) then late = {-2, src, ls} end
+    local ls = last_time(src)
+    if ls and t < ls[1] then late = {-2, src, ls[2]} end
     if (not late) and dst ~= src then
-      local ld = redis.call('HGET', KEYS[4], dst)
-      if ld and t < tonumber(ld) then late = {-2, dst, ld} end
+      local ld = last_time(dst)
+      if ld and t < ld[1] then late = {-2, dst, ld[2]} end
     end
     if late then
       out[i] = late
     elseif skew ~= '' and tmax and t > tmax + tonumber(skew) then
       out[i] = {-3, tmax_s}
     else
-      local seq = redis.call('INCR', KEYS[1])
+      seq = seq + 1
       local seq_s = string.format('%d', seq)
       local m = '[' .. seq_s .. tail
       redis.call('XADD', KEYS[2], '0-' .. seq_s, 'e', m)
-      redis.call('ZADD', KEYS[3], seq_s, m)
-      redis.call('ZADD', KEYS[kb + 2], seq_s, m)
-      redis.call('ZREMRANGEBYRANK', KEYS[kb + 2], 0, -(cap + 1))
-      redis.call('HSET', KEYS[4], src, ts)
-      if dst ~= src then
-        redis.call('ZADD', KEYS[kb + 3], seq_s, m)
-        redis.call('ZREMRANGEBYRANK', KEYS[kb + 3], 0, -(cap + 1))
-        redis.call('HSET', KEYS[4], dst, ts)
-      end
+      pend[#pend + 1] = seq_s
+      pend[#pend + 1] = m
+      add_to_history(src, KEYS[kb + 2], seq_s, m, t, ts)
+      if dst ~= src then add_to_history(dst, KEYS[kb + 3], seq_s, m, t, ts) end
       if ttl == '' then
         redis.call('SET', KEYS[kb + 1], '1')
       else
@@ -118,7 +149,19 @@ for i = 1, n do
     end
   end
 end
+if seq ~= seq0 then redis.call('SET', KEYS[1], string.format('%d', seq)) end
 if tmax_changed then redis.call('SET', KEYS[5], tmax_s) end
+write_chunked('ZADD', KEYS[3], pend)
+local times, previous = {}, {}
+for _, node in ipairs(touched) do
+  redis.call('ZREMRANGEBYRANK', hist[node], 0, -(cap + 1))
+  times[#times + 1] = node
+  times[#times + 1] = lt[node][2]
+  previous[#previous + 1] = node
+  previous[#previous + 1] = prev[node]
+end
+write_chunked('HSET', KEYS[4], times)
+out[n + 1] = previous
 return out
 """
 
@@ -413,6 +456,10 @@ class RedisStore(StateStore):
             args += [ev.src, ev.dst, _fmt_float(t), encode_tail(ev, t, eid)]
         out = self._evalsha("append", keys, args)
         result = AppendResult(seqs=[None] * len(events), event_ids=eids)
+        previous = out.pop()
+        result.previous_seq = {
+            previous[j].decode(): int(previous[j + 1]) for j in range(0, len(previous), 2)
+        }
         for i, r in enumerate(out):
             code = int(r[0])
             if code > 0:
