@@ -11,7 +11,7 @@ One blob per node and model version (DESIGN "State of one node")::
     10     2     d_state (u16)
     12     4     d_inner (u32)
     16     2     d_conv (u16)
-    18     2     reserved
+    18     2     L: neighbour list length (u16)
     20     8     model version (the 16 hex digits as 8 raw bytes)
     28     4     reserved (aligns the watermark to 8 bytes)
     32     8     t_last (f64): time of the last applied event   -- watermark
@@ -19,6 +19,13 @@ One blob per node and model version (DESIGN "State of one node")::
     48     8     n_events (i64): number of applied events
     56     8     reserved
     64     ...   h: n_layers x d_inner x d_state float32, then conv: n_layers x d_inner x (d_conv-1)
+    ...    8 L   recent-neighbour keys (i64, oldest first, right-aligned, -1 = empty)
+    ...    8 L   their event times (f64, +inf = empty)
+
+L is the config's ``neighbour_list_len`` (also in header bytes 18..19). The neighbour
+list is kept next to the state (DESIGN "The state of one node"), written by the same
+compare-and-set as the state, so a query reads a node's state and its list with one
+MGET and the list is exactly as of the state's watermark. Format 1 had no list.
 
 All little-endian. The watermark sits at fixed offsets so that a Redis Lua script can
 compare it (``struct.unpack('<d', blob, 33)``) without knowing the array shapes.
@@ -27,14 +34,16 @@ compare it (``struct.unpack('<d', blob, 33)``) without knowing the array shapes.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from .config import ModelConfig
 
-STATE_FORMAT_VERSION = 1
+STATE_FORMAT_VERSION = 2
 MAGIC = b"DYGS"
 HEADER = struct.Struct("<4sHBBHHIHH8s4xdqq8x")
 HEADER_SIZE = HEADER.size
@@ -47,6 +56,9 @@ NO_TIME = float("-inf")
 NO_SEQ = -1
 
 assert HEADER_SIZE == 64, HEADER_SIZE
+
+
+PAD_KEY = -1  # an empty neighbour slot (node keys are 63-bit, never negative)
 
 
 class StateFormatError(ValueError):
@@ -98,6 +110,58 @@ class NodeStates:
         return self.n_events > 0
 
 
+@dataclass
+class NeighbourLists:
+    """Recent neighbours of N nodes: keys (N, L) int64 (PAD_KEY = empty), times float64
+    (+inf = empty); oldest first, right-aligned (the newest entry is the last column)."""
+
+    keys: torch.Tensor
+    times: torch.Tensor
+
+    @classmethod
+    def empty(cls, n: int, length: int) -> NeighbourLists:
+        return cls(torch.full((n, length), PAD_KEY, dtype=torch.int64), torch.full((n, length), np.inf, dtype=torch.float64))
+
+    @classmethod
+    def from_lists(cls, keys: Sequence[Sequence[int]], times: Sequence[Sequence[float]], length: int) -> NeighbourLists:
+        n = len(keys)
+        k = np.full((n, length), PAD_KEY, dtype=np.int64)
+        t = np.full((n, length), np.inf, dtype=np.float64)
+        for i, (ki, ti) in enumerate(zip(keys, times, strict=True)):
+            ki, ti = list(ki)[-length:], list(ti)[-length:]
+            if ki:
+                k[i, length - len(ki) :] = ki
+                t[i, length - len(ti) :] = ti
+        return cls(torch.from_numpy(k), torch.from_numpy(t))
+
+    def select(self, index: torch.Tensor | list[int]) -> NeighbourLists:
+        idx = torch.as_tensor(index, dtype=torch.long)
+        return NeighbourLists(self.keys[idx], self.times[idx])
+
+    def extended(self, per_node: Sequence[Sequence[Any]]) -> NeighbourLists:
+        """The lists after appending each node's new entries (objects with ``other_key``
+        and ``t``, oldest first): the last L of old + new, vectorised over nodes."""
+        n, length = self.keys.shape
+        counts = np.fromiter((len(e) for e in per_node), dtype=np.int64, count=n)
+        total = int(counts.sum())
+        if total == 0:
+            return NeighbourLists(self.keys.clone(), self.times.clone())
+        width = length + int(counts.max())
+        keys = np.full((n, width), PAD_KEY, dtype=np.int64)
+        times = np.full((n, width), np.inf, dtype=np.float64)
+        keys[:, :length] = self.keys.numpy()
+        times[:, :length] = self.times.numpy()
+        flat = [e for events in per_node for e in events]
+        rows = np.repeat(np.arange(n), counts)
+        cols = length + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        keys[rows, cols] = [e.other_key for e in flat]
+        times[rows, cols] = [e.t for e in flat]
+        take = counts[:, None] + np.arange(length)[None, :]  # the last L of row i: n_i .. n_i + L - 1
+        return NeighbourLists(
+            torch.from_numpy(np.take_along_axis(keys, take, 1)), torch.from_numpy(np.take_along_axis(times, take, 1))
+        )
+
+
 class StateCodec:
     """Encodes and decodes node-state blobs for one model config and version."""
 
@@ -111,23 +175,33 @@ class StateCodec:
         self._conv_shape = (config.n_layers, config.d_inner, config.d_conv - 1)
         self._h_size = int(np.prod(self._h_shape))
         self._conv_size = int(np.prod(self._conv_shape))
-        self.blob_size = HEADER_SIZE + 4 * (self._h_size + self._conv_size)
+        self.list_len = config.neighbour_list_len
+        self._arrays_size = 4 * (self._h_size + self._conv_size)
+        self.blob_size = HEADER_SIZE + self._arrays_size + 16 * self.list_len
         self._shape_fields = (
             MAGIC, STATE_FORMAT_VERSION, DTYPE_FLOAT32, config.n_layers, config.d_state,
-            config.d_inner, config.d_conv, 0, self._version_bytes,
+            config.d_inner, config.d_conv, self.list_len, self._version_bytes,
         )  # fmt: skip
 
     def _header(self, t_last: float, seq: int, n_events: int) -> bytes:
-        magic, version, dtype, n_layers, d_state, d_inner, d_conv, _, mv = self._shape_fields
+        magic, version, dtype, n_layers, d_state, d_inner, d_conv, list_len, mv = self._shape_fields
         flags = FLAG_HAS_EVENTS if n_events > 0 else 0
-        return HEADER.pack(magic, version, dtype, flags, n_layers, d_state, d_inner, d_conv, 0, mv, t_last, seq, n_events)
+        return HEADER.pack(magic, version, dtype, flags, n_layers, d_state, d_inner, d_conv, list_len, mv, t_last, seq, n_events)
 
-    def encode_many(self, states: NodeStates) -> list[bytes]:
-        """One blob per node. Arrays are written in one contiguous numpy pass."""
+    def encode_many(self, states: NodeStates, lists: NeighbourLists | None = None) -> list[bytes]:
+        """One blob per node (``lists`` None: empty neighbour lists), in one numpy pass."""
         n = len(states)
-        h = states.h.detach().to(torch.float32).contiguous().numpy().reshape(n, -1)
-        conv = states.conv.detach().to(torch.float32).contiguous().numpy().reshape(n, -1)
-        body = np.concatenate([h, conv], axis=1)
+        if lists is None:
+            lists = NeighbourLists.empty(n, self.list_len)
+        if tuple(lists.keys.shape) != (n, self.list_len):
+            raise ValueError(f"neighbour lists of shape {tuple(lists.keys.shape)}, expected {(n, self.list_len)}")
+        parts = [
+            states.h.detach().to(torch.float32).contiguous().numpy().reshape(n, -1),
+            states.conv.detach().to(torch.float32).contiguous().numpy().reshape(n, -1),
+            lists.keys.to(torch.int64).contiguous().numpy(),
+            lists.times.to(torch.float64).contiguous().numpy(),
+        ]
+        body = np.concatenate([p.view(np.uint8).reshape(n, -1) for p in parts], axis=1)
         t = states.t_last.tolist()
         s = states.last_seq.tolist()
         c = states.n_events.tolist()
@@ -138,34 +212,45 @@ class StateCodec:
         if len(blob) != self.blob_size:
             raise StateFormatError(f"state blob has {len(blob)} bytes, expected {self.blob_size}")
         fields = HEADER.unpack_from(blob)
-        magic, version, dtype, _flags, n_layers, d_state, d_inner, d_conv, _res, mv, t, seq, cnt = fields
+        magic, version, dtype, _flags, n_layers, d_state, d_inner, d_conv, list_len, mv, t, seq, cnt = fields
         if magic != MAGIC:
             raise StateFormatError("not a dygserve state blob (bad magic)")
         if version != STATE_FORMAT_VERSION:
             raise StateFormatError(f"state format {version}, this code reads {STATE_FORMAT_VERSION}")
-        if (dtype, n_layers, d_state, d_inner, d_conv) != (DTYPE_FLOAT32, *self._shape_fields[3:7]):
+        if (dtype, n_layers, d_state, d_inner, d_conv, list_len) != (DTYPE_FLOAT32, *self._shape_fields[3:8]):
             raise StateFormatError("state blob shapes do not match the model config")
         if mv != self._version_bytes:
             raise StateFormatError(f"state blob belongs to model {mv.hex()}, not {self.model_version}")
         return t, seq, cnt
 
     def decode_many(self, blobs: list[bytes]) -> NodeStates:
+        return self.decode_with_neighbours(blobs)[0]
+
+    def decode_neighbours(self, blobs: list[bytes]) -> NeighbourLists:
+        return self.decode_with_neighbours(blobs)[1]
+
+    def decode_with_neighbours(self, blobs: list[bytes]) -> tuple[NodeStates, NeighbourLists]:
+        """States and neighbour lists of blobs, headers validated, arrays in one pass."""
         n = len(blobs)
         if n == 0:
-            return NodeStates.initial(0, self.config)
+            return NodeStates.initial(0, self.config), NeighbourLists.empty(0, self.list_len)
         meta = [self.check_header(b) for b in blobs]
         raw = np.frombuffer(b"".join(blobs), dtype=np.uint8).reshape(n, self.blob_size)
-        body = raw[:, HEADER_SIZE:].copy().view(np.float32)
+        body = raw[:, HEADER_SIZE : HEADER_SIZE + self._arrays_size].copy().view(np.float32)
         h = torch.from_numpy(body[:, : self._h_size].reshape(n, *self._h_shape).copy())
         conv = torch.from_numpy(body[:, self._h_size :].reshape(n, *self._conv_shape).copy())
         t, s, c = zip(*meta, strict=True)
-        return NodeStates(
+        states = NodeStates(
             h=h,
             conv=conv,
             t_last=torch.tensor(t, dtype=torch.float64),
             last_seq=torch.tensor(s, dtype=torch.int64),
             n_events=torch.tensor(c, dtype=torch.int64),
         )
+        start = HEADER_SIZE + self._arrays_size
+        keys = raw[:, start : start + 8 * self.list_len].copy().view(np.int64)
+        times = raw[:, start + 8 * self.list_len :].copy().view(np.float64)
+        return states, NeighbourLists(torch.from_numpy(keys), torch.from_numpy(times))
 
 
 def read_watermark(blob: bytes) -> tuple[float, int]:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import torch
 
 from .config import TimeNormalisation
+from .node_state import PAD_KEY
 from .time_encoding import standardised_log_span
 
 PAIR_FEATURE_DIM = 11
-PAD_KEY = -1
+
 
 
 def pair_features(

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from .link_model import ROLE_DST, ROLE_SRC, DygMambaLinkModel, EventInputs
-from .node_state import NodeStates
-from .pair_features import PAD_KEY, pair_features
+from .node_state import NeighbourLists, NodeStates
+from .pair_features import pair_features
 from .rank_plan import RankPlan
 
 
@@ -130,26 +130,6 @@ def _advance_stepwise(model: DygMambaLinkModel, states: NodeStates, per_node: Se
 def _assign(target: NodeStates, rows: torch.Tensor, source: NodeStates) -> None:
     target.h[rows], target.conv[rows] = source.h, source.conv
     target.t_last[rows], target.last_seq[rows], target.n_events[rows] = source.t_last, source.last_seq, source.n_events
-
-
-@dataclass
-class NeighbourLists:
-    """Recent neighbours of N nodes: keys (N, L) int64 (PAD_KEY = empty), times float64."""
-
-    keys: torch.Tensor
-    times: torch.Tensor
-
-    @classmethod
-    def from_lists(cls, keys: Sequence[Sequence[int]], times: Sequence[Sequence[float]], length: int) -> NeighbourLists:
-        n = len(keys)
-        k = np.full((n, length), PAD_KEY, dtype=np.int64)
-        t = np.full((n, length), np.inf, dtype=np.float64)
-        for i, (ki, ti) in enumerate(zip(keys, times, strict=True)):
-            ki, ti = list(ki)[-length:], list(ti)[-length:]
-            if ki:
-                k[i, length - len(ki) :] = ki
-                t[i, length - len(ti) :] = ti
-        return cls(torch.from_numpy(k), torch.from_numpy(t))
 
 
 @torch.no_grad()

@@ -28,8 +28,8 @@ import torch
 
 from model.checkpoint import LoadedCheckpoint, load_checkpoint
 from model.node_ids import node_key
-from model.node_state import NodeStates, StateCodec
-from model.streaming import NeighbourLists, NodeEvent, advance, endpoint_events, score
+from model.node_state import NeighbourLists, NodeStates, StateCodec
+from model.streaming import NodeEvent, advance, endpoint_events, score
 from state_store.applier import LoggedBatch, apply_logged, redrive
 from state_store.base import LoggedEvent, NewEvent, StateStore
 from state_store.faults import maybe_crash
@@ -77,45 +77,37 @@ class ModelRuntime:
     def load(cls, path: Path, backend: str = "torch", onnx_dir: Path | None = None) -> ModelRuntime:
         return cls(load_checkpoint(path), backend, onnx_dir)
 
-    def decode(self, blobs: Sequence[bytes | None]) -> NodeStates:
-        """States for a list of blobs; None -> the initial state."""
+    def decode(self, blobs: Sequence[bytes | None]) -> tuple[NodeStates, NeighbourLists]:
+        """States and recent-neighbour lists for a list of blobs; None -> the initial state."""
         states = NodeStates.initial(len(blobs), self.config)
+        lists = NeighbourLists.empty(len(blobs), self.codec.list_len)
         present = [i for i, b in enumerate(blobs) if b is not None]
         if present:
-            dec = self.codec.decode_many([blobs[i] for i in present])
+            dec, nbr = self.codec.decode_with_neighbours([blobs[i] for i in present])  # type: ignore[misc]
             idx = torch.tensor(present)
             states.h[idx], states.conv[idx] = dec.h, dec.conv
             states.t_last[idx], states.last_seq[idx], states.n_events[idx] = dec.t_last, dec.last_seq, dec.n_events
-        return states
+            lists.keys[idx], lists.times[idx] = nbr.keys, nbr.times
+        return states, lists
 
     def advance_blobs(self, nodes: list[str], blobs: list[bytes | None], new_events: list[list[LoggedEvent]]) -> dict[str, bytes]:
-        """The applier's callback: apply each node's new events, return the new blobs."""
-        states = self.decode(blobs)
+        """The applier's callback: apply each node's new events to its state and its
+        neighbour list, return the new blobs."""
+        states, lists = self.decode(blobs)
         per_node = [[x for e in events for x in node_events(node, e)] for node, events in zip(nodes, new_events, strict=True)]
         new = advance(self.model, states, per_node)
-        return dict(zip(nodes, self.codec.encode_many(new), strict=True))
+        return dict(zip(nodes, self.codec.encode_many(new, lists.extended(per_node)), strict=True))
 
 
 def node_events(node: str, e: LoggedEvent) -> list[NodeEvent]:
-    """The logged event as seen from ``node``. A self-loop (u, u) is two entries for u,
-    the source's then the destination's, as the trainer and evaluator see it
-    (``model.streaming.endpoint_events``); the store keeps it once in the history."""
+    """The logged event as seen from ``node``. A self-loop (u, u) is two entries for u
+    (in its state and its neighbour list), the source's then the destination's, as the
+    trainer and evaluator see it (``model.streaming.endpoint_events``); the store keeps
+    it once in the history."""
     src, dst = endpoint_events(node_key(e.src), node_key(e.dst), e.features, e.t, e.seq)
     if e.src == e.dst:
         return [src, dst]
     return [src] if e.src == node else [dst]
-
-
-def expand_self_loops(node: str, ids: list[str], times: list[float]) -> tuple[list[str], list[float]]:
-    """A node's recent-neighbour list with each self-loop entry doubled, like its events."""
-    if node not in ids:
-        return ids, times
-    out_ids, out_t = [], []
-    for i, t in zip(ids, times, strict=True):
-        reps = 2 if i == node else 1
-        out_ids += [i] * reps
-        out_t += [t] * reps
-    return out_ids, out_t
 
 
 @dataclass
@@ -213,8 +205,9 @@ class Engine:
         return getattr(stats, "events_applied", 0)
 
     # ----- score ---------------------------------------------------------------------
-    def load_states(self, rt: ModelRuntime, nodes: list[str]) -> tuple[NodeStates, np.ndarray]:
-        """States of ``nodes`` (unique), rebuilding cold ones; and which have no history."""
+    def load_states(self, rt: ModelRuntime, nodes: list[str]) -> tuple[NodeStates, NeighbourLists, np.ndarray]:
+        """States and neighbour lists of ``nodes`` (unique), rebuilding cold ones in one
+        batch; and which nodes have no history at all (scored inductively)."""
         with timed_store("read_states"):
             blobs = self.store.read_states(rt.version, nodes)
         missing = [i for i, b in enumerate(blobs) if b is None]
@@ -234,7 +227,7 @@ class Engine:
                 metrics.COLD_REBUILDS.inc(len(cold))
                 for i, n, _ in cold:
                     blobs[i] = rebuilt[n]
-        return rt.decode(blobs), inductive
+        return (*rt.decode(blobs), inductive)
 
     def score_pairs(self, pairs: list[tuple[str, str, float | None]]) -> tuple[list[ScoredPair], str]:
         rt = self.runtime
@@ -247,16 +240,7 @@ class Engine:
             default_t = 0.0 if default_t is None else default_t
         nodes = list(dict.fromkeys([p[0] for p in pairs] + [p[1] for p in pairs]))
         pos = {n: i for i, n in enumerate(nodes)}
-        states, inductive = self.load_states(rt, nodes)
-        length = rt.config.neighbour_list_len
-        with timed_store("read_neighbours"):
-            nbr_ids, nbr_times = self.store.read_neighbours(nodes, length)
-        nbr_keys, nbr_t = [], []
-        for node, ids, row in zip(nodes, nbr_ids, nbr_times, strict=True):
-            ids, ts = expand_self_loops(node, ids, row[~np.isnan(row)].tolist())
-            nbr_keys.append([node_key(x) for x in ids])
-            nbr_t.append(ts)
-        lists = NeighbourLists.from_lists(nbr_keys, nbr_t, length)
+        states, lists, inductive = self.load_states(rt, nodes)
         iu = torch.tensor([pos[s] for s, _, _ in pairs])
         iv = torch.tensor([pos[d] for _, d, _ in pairs])
         tau = torch.tensor([default_t if t is None else t for _, _, t in pairs], dtype=torch.float64)
@@ -264,18 +248,18 @@ class Engine:
         keys = torch.tensor([node_key(n) for n in nodes], dtype=torch.int64)
         logits = score(
             rt.model, su, sv, keys[iu], keys[iv], tau,
-            NeighbourLists(lists.keys[iu], lists.times[iu]), NeighbourLists(lists.keys[iv], lists.times[iv]),
+            lists.select(iu), lists.select(iv),
         )  # fmt: skip
         out = []
-        tl_u, tl_v = su.t_last.tolist(), sv.t_last.tolist()
+        # Plain Python floats in one go: indexing tensors per pair costs microseconds each.
+        tl_u, tl_v, taus, lg = su.t_last.tolist(), sv.t_last.tolist(), tau.tolist(), logits.tolist()
+        ind = inductive.tolist()
         for k, (s, d, _) in enumerate(pairs):
-            t = float(tau[k])
+            t = taus[k]
             age_u = t - tl_u[k] if math.isfinite(tl_u[k]) else None
             age_v = t - tl_v[k] if math.isfinite(tl_v[k]) else None
             clamped = (age_u is not None and age_u < 0) or (age_v is not None and age_v < 0)
-            out.append(
-                ScoredPair(s, d, t, float(logits[k]), age_u, age_v, bool(inductive[pos[s]]), bool(inductive[pos[d]]), clamped)
-            )
+            out.append(ScoredPair(s, d, t, lg[k], age_u, age_v, ind[pos[s]], ind[pos[d]], clamped))
         return out, rt.version
 
     # ----- introspection -------------------------------------------------------------
@@ -283,7 +267,7 @@ class Engine:
         rt = self.runtime
         blob = self.store.read_states(rt.version, [node])[0]
         history = self.store.read_histories([node])[0]
-        st = rt.decode([blob])
+        st, _ = rt.decode([blob])
         t_last = float(st.t_last[0])
         return {
             "node": node,

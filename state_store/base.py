@@ -50,8 +50,6 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
-import numpy as np
-
 
 class StoreUnavailable(Exception):
     """The store cannot be reached (connection refused/lost, timeout, cluster down).
@@ -139,11 +137,6 @@ class StateStore(abc.ABC):
     ) -> list[list[LoggedEvent]]:
         """Each node's history (oldest first), only events with seq > after_seq[i]
         if given, at most the newest ``limit`` events if given."""
-
-    @abc.abstractmethod
-    def read_neighbours(self, nodes: list[str], length: int) -> tuple[list[list[str]], np.ndarray]:
-        """Last ``length`` neighbours of each node: ids (oldest first) and a
-        (len(nodes), length) float64 array of their times, NaN-padded on the left."""
 
     @abc.abstractmethod
     def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]: ...

@@ -16,8 +16,6 @@ import threading
 import time
 from collections import OrderedDict, deque
 
-import numpy as np
-
 from model.node_state import HEADER_SIZE, WATERMARK_T_OFFSET
 
 from .base import AppendResult, LoggedEvent, NewEvent, StateStore, WriteOutcome
@@ -178,18 +176,6 @@ class InMemoryStore(StateStore):
                     evs = evs[-limit:] if limit > 0 else []
                 out.append(evs)
         return out
-
-    def read_neighbours(self, nodes: list[str], length: int) -> tuple[list[list[str]], np.ndarray]:
-        times = np.full((len(nodes), length), np.nan, dtype=np.float64)
-        ids: list[list[str]] = []
-        with self._lock:
-            for i, node in enumerate(nodes):
-                h = self._histories.get(node, ())
-                last = list(h)[-length:] if length > 0 else []
-                ids.append([e.dst if e.src == node else e.src for e in last])
-                if last:
-                    times[i, length - len(last) :] = [e.t for e in last]
-        return ids, times
 
     def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]:
         out: list[LoggedEvent] = []

@@ -35,8 +35,6 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import numpy as np
-import orjson
 import redis
 import redis.exceptions as rex
 from redis.backoff import ExponentialBackoff
@@ -504,26 +502,6 @@ class RedisStore(StateStore):
         if limit is None:
             return [[decode_event(m) for m in ms] for ms in out]
         return [[decode_event(m) for m in reversed(ms)] for ms in out]
-
-    @_guard
-    def read_neighbours(self, nodes: list[str], length: int) -> tuple[list[list[str]], np.ndarray]:
-        times = np.full((len(nodes), length), np.nan, dtype=np.float64)
-        if not nodes or length <= 0:
-            return [[] for _ in nodes], times
-        pipe = self._pipe()
-        for n in nodes:
-            pipe.execute_command("ZRANGE", self.history_key(n), -length, -1)
-        ids: list[list[str]] = []
-        for i, (node, ms) in enumerate(zip(nodes, pipe.execute(), strict=True)):
-            row, ts = [], []
-            for m in ms:
-                _seq, src, dst, t, _f, _id = orjson.loads(m)
-                row.append(dst if src == node else src)
-                ts.append(float(t))
-            ids.append(row)
-            if ts:
-                times[i, length - len(ts) :] = ts
-        return ids, times
 
     @_guard
     def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]:

@@ -8,6 +8,8 @@ import torch
 from model.config import ModelConfig
 from model.node_state import (
     HEADER_SIZE,
+    PAD_KEY,
+    NeighbourLists,
     NodeStates,
     StateCodec,
     StateFormatError,
@@ -38,7 +40,41 @@ def test_round_trip_is_exact():
     assert read_watermark(blobs[1]) == (1e15 + 0.25, 2**40)
     # The watermark sits where a Lua script reads it (1-based offsets 33 and 41).
     assert struct.unpack_from("<d", blobs[0], 32)[0] == 1.5
-    assert codec.blob_size == HEADER_SIZE + 4 * (2 * 16 * 4 + 2 * 16 * 2)
+    assert codec.blob_size == HEADER_SIZE + 4 * (2 * 16 * 4 + 2 * 16 * 2) + 16 * CFG.neighbour_list_len
+    # no lists given: empty lists
+    empty = codec.decode_neighbours(blobs)
+    assert (empty.keys == PAD_KEY).all() and torch.isinf(empty.times).all()
+
+
+def test_neighbour_lists_round_trip_exactly():
+    cfg = CFG.with_updates(neighbour_list_len=4)
+    codec = StateCodec(cfg, "00ff00ff00ff00ff")
+    lists = NeighbourLists.from_lists([[5, 2**62 + 3], [], [1, 2, 3, 4, 5]], [[0.5, 1e15 + 0.25], [], [1, 2, 3, 4, 5.5]], 4)
+    blobs = codec.encode_many(some_states(3), lists)
+    back = codec.decode_neighbours(blobs)
+    assert back.keys.tolist() == [[PAD_KEY, PAD_KEY, 5, 2**62 + 3], [PAD_KEY] * 4, [2, 3, 4, 5]]
+    assert back.times[0, 2:].tolist() == [0.5, 1e15 + 0.25] and back.times[2].tolist() == [2, 3, 4, 5.5]
+    assert torch.isinf(back.times[1]).all()
+    # the list length is in the header (bytes 18..19), checked like the other shapes
+    damaged = blobs[0][:18] + struct.pack("<H", 5) + blobs[0][20:]
+    with pytest.raises(StateFormatError, match="shapes"):
+        codec.decode_neighbours([damaged])
+
+
+class _E:
+    def __init__(self, key: int, t: float) -> None:
+        self.other_key, self.t = key, t
+
+
+def test_extended_keeps_the_last_l_entries_in_order():
+    lists = NeighbourLists.from_lists([[1, 2], [], [7, 8, 9]], [[1.0, 2.0], [], [7.0, 8.0, 9.0]], 3)
+    new = [[_E(3, 3.0)], [_E(4, 4.0), _E(5, 5.0), _E(6, 6.0), _E(7, 7.0)], []]
+    out = lists.extended(new)
+    assert out.keys.tolist() == [[1, 2, 3], [5, 6, 7], [7, 8, 9]]
+    assert out.times.tolist() == [[1.0, 2.0, 3.0], [5.0, 6.0, 7.0], [7.0, 8.0, 9.0]]
+    # the same as building the lists from whole sequences
+    ref = NeighbourLists.from_lists([[1, 2, 3], [4, 5, 6, 7], [7, 8, 9]], [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0], [7.0, 8.0, 9.0]], 3)
+    assert torch.equal(out.keys, ref.keys) and torch.equal(out.times, ref.times)
 
 
 @pytest.mark.parametrize(

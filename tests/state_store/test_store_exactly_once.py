@@ -371,13 +371,12 @@ def test_round_trips_do_not_grow_with_batch_size(store_url: str, backend: str) -
             assert stats.nodes_applied == size and stats.round_trips == 4
             c["read_states"] = count(store.read_states, VERSION, nodes)
             c["read_histories"] = count(store.read_histories, nodes)
-            c["read_neighbours"] = count(store.read_neighbours, nodes, 8)
             c["pending"] = count(store.pending, size)
             c["delete_states"] = count(store.delete_states, VERSION, nodes)
             per_size[size] = c
         print(f"\n{backend} round trips: {per_size}")
         big, small = per_size[1000], per_size[10]
-        for op in ("append", "read_histories", "read_neighbours", "pending"):
+        for op in ("append", "read_histories", "pending"):
             assert big[op] == small[op] == 1, (op, per_size)  # the log lives in one slot
         for op in ("read_states", "delete_states"):
             assert 1 <= small[op] <= big[op] <= masters, (op, per_size)

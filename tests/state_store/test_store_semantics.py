@@ -7,7 +7,6 @@ import itertools
 import math
 import struct
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -189,9 +188,6 @@ def test_self_loop_appends_once(make) -> None:
     assert s.append_events([ev("a", "a", 1.0, "e1"), ev("a", "b", 2.0, "e2")]).seqs == [1, 2]
     (h,) = s.read_histories(["a"])
     assert [e.seq for e in h] == [1, 2]
-    ids, times = s.read_neighbours(["a"], 3)
-    assert ids == [["a", "b"]]
-    np.testing.assert_array_equal(times, [[np.nan, 1.0, 2.0]])
 
 
 def test_non_finite_time_refused_and_nothing_changes(make) -> None:
@@ -227,17 +223,6 @@ def test_read_histories_after_and_limit(make) -> None:
     assert s.read_histories(["a"], limit=0) == [[]]
     e = full[2]
     assert (e.src, e.dst, e.t, e.event_id, e.features) == ("a", "b", 2.0, "e2", ())
-
-
-def test_neighbours_order_and_nan_padding(make) -> None:
-    s = make()
-    s.append_events([ev("a", "b", 1.0), ev("c", "a", 2.0), ev("a", "d", 3.0), ev("a", "b", 4.0)])
-    ids, times = s.read_neighbours(["a", "b", "nobody"], 3)
-    assert ids == [["c", "d", "b"], ["a", "a"], []]
-    assert times.shape == (3, 3) and times.dtype == np.float64
-    np.testing.assert_array_equal(times, [[2.0, 3.0, 4.0], [np.nan, 1.0, 4.0], [np.nan] * 3])
-    ids, times = s.read_neighbours(["a"], 0)
-    assert ids == [[]] and times.shape == (1, 0)
 
 
 def test_log_pending_mark_applied_and_trimming(make) -> None:
@@ -295,8 +280,8 @@ def test_float64_round_trips_bit_exactly(make, ts, feats) -> None:
         assert [bits(x) for x in e.features] == [bits(float(x)) for x in feats]
     logged = s.read_log(r.seqs[0] - 1, len(ts))
     assert [bits(e.t) for e in logged] == [bits(t) for t in ts]
-    _, times = s.read_neighbours([v], 1)
-    assert bits(float(times[0, 0])) == bits(ts[-1])
+    (hv,) = s.read_histories([v], limit=1)
+    assert bits(hv[0].t) == bits(ts[-1])
 
 
 # ---- errors and the factory ------------------------------------------------------------------
