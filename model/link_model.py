@@ -38,6 +38,9 @@ class EventInputs:
     t: torch.Tensor  # float64 event times
     seq: torch.Tensor  # int64 log sequence numbers
 
+    def to(self, device: torch.device | str) -> EventInputs:
+        return EventInputs(*(x.to(device) for x in (self.other_key, self.role, self.features, self.t, self.seq)))
+
 
 class DygMambaLinkModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
@@ -113,15 +116,17 @@ class DygMambaLinkModel(nn.Module):
         """
         if plan.num_events == 0:
             return states0.clone()
-        order = torch.from_numpy(plan.order)
+        dev = states0.h.device  # the plan is built on the host; its indices go where the states are
+        ev = ev.to(dev)
+        order = torch.from_numpy(plan.order).to(dev)
         s = states0.select(order)
         t = ev.t.to(torch.float64)
-        prev_pos, has_prev = plan.previous_event()
-        t_prev = torch.where(has_prev, t[prev_pos], s.t_last[torch.from_numpy(plan.node_of)])
+        prev_pos, has_prev = (x.to(dev) for x in plan.previous_event())
+        t_prev = torch.where(has_prev, t[prev_pos], s.t_last[torch.from_numpy(plan.node_of).to(dev)])
         gap, first = self._gap(t, t_prev)
         r, g, phi = self.tokens(ev, gap, first)
         k1 = self.config.d_conv - 1
-        windows, tails = plan.conv_windows(k1), plan.final_tails(k1)
+        windows, tails = plan.conv_windows(k1).to(dev), plan.final_tails(k1).to(dev)
         hs, convs = [], []
         for i, layer in enumerate(self.layers):
             last_layer = i == len(self.layers) - 1
@@ -131,9 +136,9 @@ class DygMambaLinkModel(nn.Module):
             r = out if out is not None else r
             hs.append(new.h)
             convs.append(new.conv)
-        lengths = torch.from_numpy(plan.lengths)
+        lengths = torch.from_numpy(plan.lengths).to(dev)
         has = lengths > 0
-        last = plan.last_event()
+        last = plan.last_event().to(dev)
         final = NodeStates(
             h=torch.stack(hs, dim=1),
             conv=torch.stack(convs, dim=1),
@@ -141,7 +146,7 @@ class DygMambaLinkModel(nn.Module):
             last_seq=torch.where(has, ev.seq.to(torch.int64)[last], s.last_seq),
             n_events=s.n_events + lengths,
         )
-        return final.select(torch.from_numpy(np.argsort(plan.order)))
+        return final.select(torch.from_numpy(np.argsort(plan.order)).to(dev))
 
     # ----- padded sequences ------------------------------------------------------------
     def scan(

@@ -105,6 +105,9 @@ class NodeStates:
     def clone(self) -> NodeStates:
         return NodeStates(self.h.clone(), self.conv.clone(), self.t_last.clone(), self.last_seq.clone(), self.n_events.clone())
 
+    def to(self, device: torch.device | str) -> NodeStates:
+        return NodeStates(*(x.to(device) for x in (self.h, self.conv, self.t_last, self.last_seq, self.n_events)))
+
     @property
     def has_events(self) -> torch.Tensor:
         return self.n_events > 0
@@ -137,6 +140,9 @@ class NeighbourLists:
     def select(self, index: torch.Tensor | list[int]) -> NeighbourLists:
         idx = torch.as_tensor(index, dtype=torch.long)
         return NeighbourLists(self.keys[idx], self.times[idx])
+
+    def to(self, device: torch.device | str) -> NeighbourLists:
+        return NeighbourLists(self.keys.to(device), self.times.to(device))
 
     def extended(self, per_node: Sequence[Sequence[Any]]) -> NeighbourLists:
         """The lists after appending each node's new entries (objects with ``other_key``

@@ -10,7 +10,7 @@ evaluator and the HTTP service so that both compute exactly the same numbers:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -21,9 +21,8 @@ from .pair_features import pair_features
 from .rank_plan import RankPlan
 
 
-@dataclass(frozen=True)
-class NodeEvent:
-    """One event as seen from one endpoint."""
+class NodeEvent(NamedTuple):
+    """One event as seen from one endpoint (a tuple: ingest builds two per event)."""
 
     other_key: int
     role: int  # ROLE_SRC if this node was the source

@@ -67,7 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         import torch
 
         torch.set_num_threads(settings.torch_threads)
-        runtime = ModelRuntime.load(settings.checkpoint, settings.backend, settings.onnx_dir)
+        runtime = ModelRuntime.load(settings.checkpoint, settings.backend, settings.onnx_dir, settings.device)
         store = make_store(
             settings.redis_url,
             history_cap=settings.history_cap,
@@ -220,6 +220,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 "model_version": rt.version,
                 "checkpoint": str(rt.checkpoint.path),
                 "backend": rt.backend,
+                "device": str(rt.device),
                 "config": rt.config.model_dump(mode="json"),
                 "metrics": rt.checkpoint.metrics,
             }
@@ -237,7 +238,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not target.is_relative_to(root):
             raise RequestRefused(403, "checkpoints load only from under the models directory")
         try:
-            runtime = await run_in_threadpool(ModelRuntime.load, target, settings.backend)
+            runtime = await run_in_threadpool(ModelRuntime.load, target, settings.backend, None, settings.device)
         except (CheckpointError, OSError, ValueError) as exc:
             raise RequestRefused(422, f"checkpoint refused, still serving {engine.runtime.version}: {exc}") from exc
         old = engine.swap(runtime)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from model.checkpoint import LoadedCheckpoint, load_checkpoint
+from model.link_model import ROLE_DST, ROLE_SRC
 from model.node_ids import node_key
 from model.node_state import NeighbourLists, NodeStates, StateCodec
 from model.streaming import NodeEvent, advance, endpoint_events, score
@@ -59,23 +60,29 @@ def timed_store(op: str) -> Iterator[None]:
 class ModelRuntime:
     """One loaded checkpoint: model, codec, and the store-facing advance function."""
 
-    def __init__(self, checkpoint: LoadedCheckpoint, backend: str = "torch", onnx_dir: Path | None = None) -> None:
+    def __init__(
+        self, checkpoint: LoadedCheckpoint, backend: str = "torch", onnx_dir: Path | None = None, device: str = "cpu"
+    ) -> None:
         self.checkpoint = checkpoint
         self.backend = backend
+        # States are decoded and encoded on the host; the model's work (the rank-major
+        # advance of ingest and cold rebuilds, the read-out and head) runs on ``device``.
+        self.device = torch.device("cpu")
         if backend == "onnx":
             from model.onnx_backend import OnnxLinkModel
 
             # Same surface as the torch model for model.streaming; refuses a stale export.
             self.model = OnnxLinkModel.from_loaded(checkpoint, onnx_dir=onnx_dir)
         else:
-            self.model = checkpoint.model
+            self.device = resolve_device(device)
+            self.model = checkpoint.model.to(self.device)
         self.config = checkpoint.config
         self.version = checkpoint.version
         self.codec = StateCodec(self.config, self.version)
 
     @classmethod
-    def load(cls, path: Path, backend: str = "torch", onnx_dir: Path | None = None) -> ModelRuntime:
-        return cls(load_checkpoint(path), backend, onnx_dir)
+    def load(cls, path: Path, backend: str = "torch", onnx_dir: Path | None = None, device: str = "cpu") -> ModelRuntime:
+        return cls(load_checkpoint(path), backend, onnx_dir, device)
 
     def decode(self, blobs: Sequence[bytes | None]) -> tuple[NodeStates, NeighbourLists]:
         """States and recent-neighbour lists for a list of blobs; None -> the initial state."""
@@ -95,8 +102,17 @@ class ModelRuntime:
         neighbour list, return the new blobs."""
         states, lists = self.decode(blobs)
         per_node = [[x for e in events for x in node_events(node, e)] for node, events in zip(nodes, new_events, strict=True)]
-        new = advance(self.model, states, per_node)
+        new = advance(self.model, states.to(self.device), per_node).to("cpu")
         return dict(zip(nodes, self.codec.encode_many(new, lists.extended(per_node)), strict=True))
+
+
+def resolve_device(device: str) -> torch.device:
+    """"auto" -> CUDA when this torch build sees a GPU, else the CPU; "cuda" without one is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' asked for, but torch sees no CUDA device (CPU build or no GPU)")
+    return torch.device(device)
 
 
 def node_events(node: str, e: LoggedEvent) -> list[NodeEvent]:
@@ -104,10 +120,11 @@ def node_events(node: str, e: LoggedEvent) -> list[NodeEvent]:
     (in its state and its neighbour list), the source's then the destination's, as the
     trainer and evaluator see it (``model.streaming.endpoint_events``); the store keeps
     it once in the history."""
-    src, dst = endpoint_events(node_key(e.src), node_key(e.dst), e.features, e.t, e.seq)
     if e.src == e.dst:
-        return [src, dst]
-    return [src] if e.src == node else [dst]
+        return list(endpoint_events(node_key(node), node_key(node), e.features, e.t, e.seq))
+    if e.src == node:  # the source's view: the other endpoint is the destination
+        return [NodeEvent(node_key(e.dst), ROLE_SRC, e.features, e.t, e.seq)]
+    return [NodeEvent(node_key(e.src), ROLE_DST, e.features, e.t, e.seq)]
 
 
 @dataclass
@@ -246,10 +263,11 @@ class Engine:
         tau = torch.tensor([default_t if t is None else t for _, _, t in pairs], dtype=torch.float64)
         su, sv = states.select(iu), states.select(iv)
         keys = torch.tensor([node_key(n) for n in nodes], dtype=torch.int64)
+        dev = rt.device
         logits = score(
-            rt.model, su, sv, keys[iu], keys[iv], tau,
-            lists.select(iu), lists.select(iv),
-        )  # fmt: skip
+            rt.model, su.to(dev), sv.to(dev), keys[iu].to(dev), keys[iv].to(dev), tau.to(dev),
+            lists.select(iu).to(dev), lists.select(iv).to(dev),
+        ).cpu()  # fmt: skip
         out = []
         # Plain Python floats in one go: indexing tensors per pair costs microseconds each.
         tl_u, tl_v, taus, lg = su.t_last.tolist(), sv.t_last.tolist(), tau.tolist(), logits.tolist()

@@ -167,5 +167,6 @@ class ModelInfo(BaseModel):
     model_version: str
     checkpoint: str
     backend: str
+    device: str = Field(description="where the model runs: cpu or cuda[:n]")
     config: dict
     metrics: dict

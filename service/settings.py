@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     backend: Literal["torch", "onnx"] = Field("torch", description="inference backend: PyTorch or onnxruntime (same numbers)")
     onnx_dir: Path | None = Field(None, description="pre-exported ONNX graphs of the checkpoint (default: export at start)")
     torch_threads: int = Field(1, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where the torch backend runs ingest, cold rebuilds and scoring: auto = CUDA when present"
+    )
 
 
 @lru_cache(maxsize=1)

@@ -8,7 +8,8 @@ cluster because every multi-key operation stays inside one hash slot::
                                   The only keys with a TTL (``state_ttl_s``).
     P:{P:log}:seq                 sequence counter (INCR)
     P:{P:log}:stream              the global log, a Stream with entry ids 0-<seq>
-    P:{P:log}:eid:<event id>      dedupe marker, SET with PX = dedupe window
+    P:{P:log}:eids                event ids seen: sorted set, score = expiry (ms, server
+                                  clock) of the dedupe window, trimmed on every append
     P:{P:log}:h:<node>            per-node history, sorted set (score seq), capped
     P:{P:log}:lt                  hash node -> time of its last logged event (late check)
     P:{P:log}:tmax                latest logged time (the event-time clock)
@@ -55,15 +56,17 @@ from .common import (
 # --------------------------------------------------------------------------------------
 # Lua scripts. Every key they touch is in KEYS (cluster routing and correctness).
 
-# KEYS: 1 seq, 2 stream, 3 pending, 4 lt, 5 tmax; then per event i: eid, h:src, h:dst
+# KEYS: 1 seq, 2 stream, 3 pending, 4 lt, 5 tmax, 6 eids; then per event i: h:src, h:dst
 # ARGV: 1 n, 2 dedupe ttl ms ('' = forever), 3 history cap, 4 future skew ('' = off);
-#       then per event i: src, dst, t (repr), tail (the JSON after the seq)
+#       then per event i: src, dst, t (repr), tail (the JSON after the seq), event id
 # Returns per event: {seq} | {-1} duplicate | {-2, node, last_t} late | {-3, tmax} future;
 # then one more element: {node, previous seq, ...} for every endpoint of a logged event
 # (its last logged seq before this batch, -1 if none).
-# Per event only what must be per event is a command (dedupe check and marker, XADD,
-# the two history ZADDs); the counter, the late-check times, the pending set and the
-# history trims are read once per node or written once per batch.
+# Per event only what must be per event is a command (the dedupe ZSCORE, XADD, the two
+# history ZADDs); the counter, the late-check times, the pending set, the dedupe
+# marks and the history trims are read once per node or written once per batch. Dedupe
+# marks are members of one sorted set scored by expiry (a key per event with PX cost
+# ~4x as much per event); expired ones are dropped first, so any member is live.
 APPEND_LUA = """
 local n = tonumber(ARGV[1])
 local ttl = ARGV[2]
@@ -73,6 +76,13 @@ local tmax_s = redis.call('GET', KEYS[5])
 local tmax = nil
 if tmax_s then tmax = tonumber(tmax_s) end
 local tmax_changed = false
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now_ms)
+local expiry = '+inf'
+if ttl ~= '' then expiry = string.format('%d', now_ms + tonumber(ttl)) end
+local seen = {}
+local marks = {}
 local seq0 = tonumber(redis.call('GET', KEYS[1]) or '0')
 local seq = seq0
 local lt = {}
@@ -106,11 +116,11 @@ local function write_chunked(cmd, key, flat)
   end
 end
 for i = 1, n do
-  local kb = 5 + 3 * (i - 1)
-  local ab = 4 + 4 * (i - 1)
-  local src, dst, ts, tail = ARGV[ab + 1], ARGV[ab + 2], ARGV[ab + 3], ARGV[ab + 4]
+  local kb = 6 + 2 * (i - 1)
+  local ab = 4 + 5 * (i - 1)
+  local src, dst, ts, tail, eid = ARGV[ab + 1], ARGV[ab + 2], ARGV[ab + 3], ARGV[ab + 4], ARGV[ab + 5]
   local t = tonumber(ts)
-  if redis.call('EXISTS', KEYS[kb + 1]) == 1 then
+  if seen[eid] or redis.call('ZSCORE', KEYS[6], eid) then
     out[i] = {-1}
   else
     local late = nil
@@ -131,13 +141,11 @@ for i = 1, n do
       redis.call('XADD', KEYS[2], '0-' .. seq_s, 'e', m)
       pend[#pend + 1] = seq_s
       pend[#pend + 1] = m
-      add_to_history(src, KEYS[kb + 2], seq_s, m, t, ts)
-      if dst ~= src then add_to_history(dst, KEYS[kb + 3], seq_s, m, t, ts) end
-      if ttl == '' then
-        redis.call('SET', KEYS[kb + 1], '1')
-      else
-        redis.call('SET', KEYS[kb + 1], '1', 'PX', ttl)
-      end
+      add_to_history(src, KEYS[kb + 1], seq_s, m, t, ts)
+      if dst ~= src then add_to_history(dst, KEYS[kb + 2], seq_s, m, t, ts) end
+      seen[eid] = true
+      marks[#marks + 1] = expiry
+      marks[#marks + 1] = eid
       if (not tmax) or t > tmax then
         tmax = t
         tmax_s = ts
@@ -150,6 +158,7 @@ end
 if seq ~= seq0 then redis.call('SET', KEYS[1], string.format('%d', seq)) end
 if tmax_changed then redis.call('SET', KEYS[5], tmax_s) end
 write_chunked('ZADD', KEYS[3], pend)
+write_chunked('ZADD', KEYS[6], marks)
 local times, previous = {}, {}
 for _, node in ipairs(touched) do
   redis.call('ZREMRANGEBYRANK', hist[node], 0, -(cap + 1))
@@ -303,7 +312,7 @@ class RedisStore(StateStore):
         self._k_pending = f"{log}:pending".encode()
         self._k_lt = f"{log}:lt".encode()
         self._k_tmax = f"{log}:tmax".encode()
-        self._k_eid = f"{log}:eid:".encode()
+        self._k_eids = f"{log}:eids".encode()
         self._k_hist = f"{log}:h:".encode()
         self._scripts = {"append": APPEND_LUA, "cas": CAS_LUA, "mark": MARK_LUA}
         self._sha = {k: hashlib.sha1(v.encode()).hexdigest() for k, v in self._scripts.items()}
@@ -315,9 +324,6 @@ class RedisStore(StateStore):
 
     def history_key(self, node: str) -> bytes:
         return self._k_hist + node.encode()
-
-    def eid_key(self, eid: str) -> bytes:
-        return self._k_eid + eid.encode()
 
     @property
     def client(self) -> Any:
@@ -437,7 +443,7 @@ class RedisStore(StateStore):
         if not events:
             return AppendResult(seqs=[])
         cfg = self.config
-        keys: list[bytes] = [self._k_seq, self._k_stream, self._k_pending, self._k_lt, self._k_tmax]
+        keys: list[bytes] = [self._k_seq, self._k_stream, self._k_pending, self._k_lt, self._k_tmax, self._k_eids]
         args: list[Any] = [
             len(events),
             _ms(cfg.dedupe_ttl_s),
@@ -450,8 +456,8 @@ class RedisStore(StateStore):
             eid = event_id(ev)
             times.append(t)
             eids.append(eid)
-            keys += [self.eid_key(eid), self.history_key(ev.src), self.history_key(ev.dst)]
-            args += [ev.src, ev.dst, _fmt_float(t), encode_tail(ev, t, eid)]
+            keys += [self.history_key(ev.src), self.history_key(ev.dst)]
+            args += [ev.src, ev.dst, _fmt_float(t), encode_tail(ev, t, eid), eid]
         out = self._evalsha("append", keys, args)
         result = AppendResult(seqs=[None] * len(events), event_ids=eids)
         previous = out.pop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import httpx
+import torch
 
 
 def events(*rows, **extra):
@@ -80,6 +81,7 @@ def test_omitted_time_means_latest_event_time(client):
 def test_model_health_and_metrics(service, client):
     info = client.get("/v1/model").json()
     assert len(info["model_version"]) == 16 and info["config"]["edge_feature_dim"] == 2
+    assert info["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # DYGSERVE_DEVICE=auto
     assert client.get("/healthz").status_code == 200
     assert client.get("/readyz").json()["ready"] is True
     text = client.get("/metrics").text

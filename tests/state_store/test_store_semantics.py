@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 import struct
 
 import pytest
@@ -127,6 +128,16 @@ def test_duplicates_across_retries(make) -> None:
     assert r2.seqs == [None, None, None] and r2.duplicates == [0, 1, 2]
     assert [e.seq for e in s.read_log(-1, 100)] == [1, 2]
     assert [len(h) for h in s.read_histories(["a", "b", "c"])] == [1, 2, 1]
+
+
+def test_dedupe_window_expires(make) -> None:
+    """An event id is remembered for ``dedupe_ttl_s``, then may be used again."""
+    s = make(dedupe_ttl_s=0.3)
+    assert s.append_events([ev("a", "b", 1.0, "w1"), ev("a", "c", 1.0, "w1")]).duplicates == [1]
+    assert s.append_events([ev("a", "b", 2.0, "w1")]).duplicates == [0]  # within the window
+    time.sleep(0.5)
+    r = s.append_events([ev("a", "b", 3.0, "w1"), ev("a", "b", 4.0, "w1")])
+    assert r.seqs[0] is not None and r.duplicates == [1]  # accepted again, and remembered again
 
 
 def test_assigned_event_ids_are_unique(make) -> None:
