@@ -21,6 +21,7 @@ from state_store.factory import make_store
 
 from . import metrics
 from .auth import require_api_key
+from .batcher import ScoreBatcher
 from .engine import Engine, ModelRuntime, RequestRefused
 from .limits import BodyLimitMiddleware, InFlightMiddleware
 from .schemas import (
@@ -100,6 +101,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    # One scoring call in flight; requests that arrive meanwhile share the next one.
+    batcher = ScoreBatcher(lambda: app.state.engine, max_pairs=max(settings.max_score_pairs, settings.max_rank_candidates))
     background: set[asyncio.Task] = set()
     app.add_middleware(InFlightMiddleware, limit=settings.max_in_flight)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
@@ -160,7 +163,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ) -> ORJSONResponse:
         """Probability of a link src -> dst at time t (default: the latest event time seen)."""
         start = time.perf_counter()
-        scored, version = await run_in_threadpool(engine.score_pairs, [(src, dst, t)])
+        scored, version = await batcher.score([(src, dst, t)])
         p = scored[0]
         metrics.SCORE_LATENCY.labels(route="get_score").observe(time.perf_counter() - start)
         return ORJSONResponse(
@@ -178,7 +181,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise RequestRefused(413, f"{len(body.pairs)} pairs; at most {settings.max_score_pairs} per request")
         start = time.perf_counter()
         metrics.BATCH_SIZE.labels(kind="score").observe(len(body.pairs))
-        scored, version = await run_in_threadpool(engine.score_pairs, [(p.src, p.dst, p.t) for p in body.pairs])
+        scored, version = await batcher.score([(p.src, p.dst, p.t) for p in body.pairs])
         metrics.SCORE_LATENCY.labels(route="post_score").observe(time.perf_counter() - start)
         return ORJSONResponse(
             {
@@ -194,7 +197,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise RequestRefused(413, f"{len(body.candidates)} candidates; at most {settings.max_rank_candidates}")
         start = time.perf_counter()
         metrics.BATCH_SIZE.labels(kind="score").observe(len(body.candidates))
-        scored, version = await run_in_threadpool(engine.score_pairs, [(body.src, c, body.t) for c in body.candidates])
+        scored, version = await batcher.score([(body.src, c, body.t) for c in body.candidates])
         ranked = sorted(scored, key=lambda p: -p.logit)
         metrics.SCORE_LATENCY.labels(route="rank").observe(time.perf_counter() - start)
         t = scored[0].t if scored else (body.t or 0.0)

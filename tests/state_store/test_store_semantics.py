@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 import struct
+import time
 
 import pytest
 import torch

@@ -1,0 +1,80 @@
+"""Dynamic batching of score requests: concurrent requests share one model call.
+
+Scoring one pair costs a fixed ~2 ms of framework work (a store read, a few dozen
+small torch ops), and concurrent requests run in worker threads that fight over the
+GIL between every torch op, so under load each one took several times its own cost.
+The batcher keeps ONE scoring call in flight: requests that arrive while it runs are
+queued, and the next call scores all of them together (``Engine.score_pairs`` is
+vectorised over pairs). There is no waiting timer: an idle service scores a lone
+request at once, a busy one amortises the fixed cost over everything that queued
+(the adaptive batching of model servers such as Triton, without the delay knob).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.concurrency import run_in_threadpool
+
+from . import metrics
+from .engine import Engine, ScoredPair
+
+Pair = tuple[str, str, float | None]
+
+
+@dataclass
+class _Waiting:
+    pairs: list[Pair]
+    future: asyncio.Future
+
+
+class ScoreBatcher:
+    def __init__(self, engine: Callable[[], Engine], max_pairs: int = 8192) -> None:
+        self._engine = engine
+        self.max_pairs = max_pairs
+        self._queue: list[_Waiting] = []
+        self._draining = False
+
+    async def score(self, pairs: list[Pair]) -> tuple[list[ScoredPair], str]:
+        """Scores of ``pairs`` (in order) and the model version that computed them."""
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append(_Waiting(pairs, future))
+        if not self._draining:
+            self._draining = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    def _take(self) -> list[_Waiting]:
+        """The queued requests for one call: at least one, then up to ``max_pairs``."""
+        batch, n = [], 0
+        while self._queue and (not batch or n + len(self._queue[0].pairs) <= self.max_pairs):
+            item = self._queue.pop(0)
+            batch.append(item)
+            n += len(item.pairs)
+        return batch
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                batch = self._take()
+                live = [w for w in batch if not w.future.cancelled()]  # clients that hung up
+                if not live:
+                    continue
+                pairs = [p for w in live for p in w.pairs]
+                metrics.BATCH_SIZE.labels(kind="score_call").observe(len(pairs))
+                try:
+                    scored, version = await run_in_threadpool(self._engine().score_pairs, pairs)
+                except Exception as exc:  # the store or the model failed: every request in it
+                    for w in live:
+                        if not w.future.done():
+                            w.future.set_exception(exc)
+                    continue
+                start = 0
+                for w in live:
+                    if not w.future.done():
+                        w.future.set_result((scored[start : start + len(w.pairs)], version))
+                    start += len(w.pairs)
+        finally:
+            self._draining = False

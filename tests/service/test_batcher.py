@@ -1,0 +1,80 @@
+"""Dynamic batching of score requests (``service.batcher.ScoreBatcher``) on a real
+engine: concurrent requests share model calls and each still gets its own scores."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from model.checkpoint import load_checkpoint
+from service.batcher import ScoreBatcher
+from service.engine import Engine, ModelRuntime
+from service.settings import DEFAULT_CHECKPOINT
+from state_store.base import StoreUnavailable
+from state_store.factory import make_store
+from tests.support.redis_server import free_port
+from tests.support.store_model import uci_events
+
+
+class CountingEngine(Engine):
+    """The real engine, counting its scoring calls and their sizes."""
+
+    calls: list[int]
+
+    def score_pairs(self, pairs):
+        self.calls.append(len(pairs))
+        return super().score_pairs(pairs)
+
+
+@pytest.fixture(scope="module")
+def engine() -> CountingEngine:
+    eng = CountingEngine(ModelRuntime(load_checkpoint(DEFAULT_CHECKPOINT)), make_store(None))
+    events = [{"src": e.src, "dst": e.dst, "t": e.t} for e in uci_events(2000)]
+    for lo in range(0, len(events), 500):
+        eng.ingest(events[lo : lo + 500])
+    eng.calls = []
+    return eng
+
+
+def _requests(engine: Engine, n: int) -> list[list[tuple[str, str, float | None]]]:
+    ids = sorted({e.src for e in uci_events(2000)})
+    return [[(ids[(7 * k + j) % len(ids)], ids[(11 * k + 3 * j) % len(ids)], 5e6 + k) for j in range(1 + k % 5)] for k in range(n)]
+
+
+def test_concurrent_requests_share_calls_and_get_their_own_scores(engine: CountingEngine) -> None:
+    requests = _requests(engine, 40)
+    want = [engine.score_pairs(r)[0] for r in requests]
+    engine.calls.clear()
+    batcher = ScoreBatcher(lambda: engine, max_pairs=64)
+
+    async def all_at_once():
+        return await asyncio.gather(*(batcher.score(r) for r in requests))
+
+    got = asyncio.run(all_at_once())
+    for w, (g, version) in zip(want, got, strict=True):
+        assert version == engine.runtime.version
+        assert [(p.src, p.dst, p.t) for p in g] == [(p.src, p.dst, p.t) for p in w]
+        assert max(abs(a.logit - b.logit) for a, b in zip(g, w, strict=True)) < 1e-5
+    assert sum(engine.calls) == sum(len(r) for r in requests)
+    assert len(engine.calls) < len(requests)  # shared calls
+    assert max(engine.calls) <= 64
+
+
+def test_an_oversized_request_is_one_call_of_its_own(engine: CountingEngine) -> None:
+    engine.calls.clear()
+    big = [p for r in _requests(engine, 30) for p in r]
+    scored, _ = asyncio.run(ScoreBatcher(lambda: engine, max_pairs=8).score(big))
+    assert len(scored) == len(big) and engine.calls == [len(big)]
+
+
+def test_a_failed_call_fails_every_request_in_it() -> None:
+    dead = make_store(f"redis://127.0.0.1:{free_port()}/0", socket_timeout=0.5)
+    engine = Engine(ModelRuntime(load_checkpoint(DEFAULT_CHECKPOINT)), dead)
+    batcher = ScoreBatcher(lambda: engine)
+
+    async def two():
+        return await asyncio.gather(batcher.score([("a", "b", 1.0)]), batcher.score([("c", "d", 1.0)]), return_exceptions=True)
+
+    results = asyncio.run(two())
+    assert all(isinstance(r, StoreUnavailable) for r in results), results
