@@ -197,20 +197,30 @@ def bench_http(url: str, data: Path, out: Path) -> list[str]:
     rows.append(f"| HTTP ingest, batches of 1,000 events, 2 clients | {report.events_per_s:,.0f} events/s "
                 f"(p50 {ev.p50_ms:.0f} ms, p99 {ev.p99_ms:.0f} ms per batch) |" if ev else
                 f"| HTTP ingest, batches of 1,000 events | {report.events_per_s:,.0f} events/s |")  # fmt: skip
-    # Open loop at the 200 requests/s: 8 connections so that no client waits on
-    # another's answer; first with a trickle of ingest (it feeds the pairs), then under
-    # 500 events/s of concurrent ingest.
-    for name, event_rate, batch in (("get", 20, 10), ("get_ingest", 500, 100)):
-        get_cfg = LoadConfig(url=url, data=str(data), out=str(out / name), batch_size=batch, concurrency=1,
-                             start_row=30_000, max_events=100_000, event_rate=event_rate, duration=30, score_rate=200,
-                             score_mode="get", score_concurrency=8, plots=True)  # fmt: skip
-        report, lat = asyncio.run(run_load(get_cfg))
-        write_outputs(report, lat, get_cfg.out)
-        for route, st in sorted(report.latency.items()):
-            if "score" in route:
-                rows.append(f"| single {route} at {report.score_requests_per_s:,.0f} req/s (target 200), "
-                            f"with {event_rate} events/s ingest | p50 {st.p50_ms:.2f} ms, p95 {st.p95_ms:.2f} ms, "
-                            f"p99 {st.p99_ms:.2f} ms, max {st.max_ms:.1f} ms |")  # fmt: skip
+    # GET /v1/score open loop at the 200 requests/s (loadtests/open_loop.py: a
+    # light threaded client, latency from each request's due time), first alone, then
+    # beside 500 events/s of ingest from a replay_load subprocess.
+    from loadtests.open_loop import OpenLoopConfig, pairs_from_csv, run_open_loop
+
+    pairs = pairs_from_csv(data, limit=30_000)
+    for label, event_rate in (("no other traffic", 0), ("with 500 events/s ingest beside it", 500)):
+        bg = None
+        if event_rate:
+            bg = subprocess.Popen(
+                [sys.executable, "-m", "loadtests.replay_load", "--url", url, "--data", str(data), "--start-row", "30000",
+                 "--batch-size", "100", "--event-rate", str(event_rate), "--score-rate", "0", "--duration", "40",
+                 "--concurrency", "1", "--out", str(out / "ingest_beside_get"), "--no-plots"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            time.sleep(3)
+        rep = run_open_loop(OpenLoopConfig(url=url, rate=200, duration=30, threads=8), pairs)
+        (out / f"get_open_loop_{event_rate}.json").write_text(rep.to_json())
+        if bg is not None:
+            bg.terminate()
+            bg.wait()
+        st = rep.latency
+        rows.append(f"| single GET /v1/score, open loop at 200 req/s ({rep.achieved_rate:,.0f} answered/s, {rep.errors} errors), "
+                    f"{label} | p50 {st.p50_ms:.2f} ms, p95 {st.p95_ms:.2f} ms, p99 {st.p99_ms:.2f} ms, max {st.max_ms:.1f} ms |")  # fmt: skip
     stream = read_edge_stream(data, limit=30_000)
     nodes = np.unique(np.concatenate([stream.src, stream.dst]))
     rng = np.random.default_rng(1)

@@ -405,3 +405,30 @@ def test_process_tree_and_series_summary():
     assert s["start"] == 100 and s["end"] == 220 and s["growth"] == 120 and s["max"] == 220
     assert s["slope_per_min"] == pytest.approx(60.0)
     assert series_summary([0, 1], [None, None])["max"] is None
+
+
+# --------------------------------------------------------------------------- open loop
+
+
+def test_open_loop_sends_every_request_and_counts_from_due_times(server, uci):
+    from loadtests.open_loop import OpenLoopConfig, pairs_from_csv, run_open_loop
+
+    st, url, _ = server
+    pairs = pairs_from_csv(uci, limit=2000, n=50)
+    assert len(pairs) == 50 and all(t == pairs[0][2] for _, _, t in pairs)
+    report = run_open_loop(OpenLoopConfig(url=url, rate=100, duration=1.5, threads=4), pairs)
+    assert report.requests == 150 and report.errors == 0
+    assert st.c["score_get"] == 150  # the server saw each one once
+    assert report.latency.count == report.service.count == 150
+    # latency from the due time includes any start delay, so it is never below the service time
+    assert report.latency.p50_ms >= report.service.p50_ms > 0
+    assert 50 < report.achieved_rate < 200
+
+
+def test_open_loop_counts_failures_as_errors():
+    from loadtests.open_loop import OpenLoopConfig, run_open_loop
+    from tests.support.redis_server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    report = run_open_loop(OpenLoopConfig(url=url, rate=50, duration=0.4, threads=2, timeout=1.0), [("a", "b", 1.0)])
+    assert report.requests == 20 and report.errors == 20 and report.latency.count == 0
