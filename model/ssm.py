@@ -55,6 +55,11 @@ LOG_DECAY_FLOOR = -60.0
 _FLOOR_FACTOR = math.exp(LOG_DECAY_FLOOR)
 
 
+def decay_factor_(log_decay: torch.Tensor) -> torch.Tensor:
+    """``decay_factor`` in place (no autograd): one buffer instead of three temporaries."""
+    return log_decay.clamp_(min=LOG_DECAY_FLOOR).exp_().sub_(_FLOOR_FACTOR)
+
+
 def decay_factor(log_decay: torch.Tensor) -> torch.Tensor:
     """exp(log_decay) for log_decay <= 0, flushed to 0 at ``LOG_DECAY_FLOOR``."""
     a = torch.exp(log_decay.clamp(min=LOG_DECAY_FLOOR))
@@ -188,25 +193,32 @@ class SelectiveSSMLayer(nn.Module):
         b, c = self.x_proj(xc).split(self.d_state, dim=-1)  # (E, ds)
         dx = F.softplus(self.dt_proj(phi)) * xc  # (E, di)
         rate = self.log_decay_rate()
-        h = state0.h.clone()
+        h = state0.h.clone()  # final states; nodes without events keep theirs
         hc = torch.empty_like(xc) if need_outputs else None  # h C per event
         offsets = plan.offsets.tolist()
+        last = plan.last_event().to(h.device)
+        has = torch.from_numpy(plan.lengths > 0).to(h.device)
         per_event = di * self.d_state
+        prev = state0.h  # the states before the current rank, row j = sorted node j
         k = 0
         while k < len(plan.counts):
             # A run of ranks [k, k_end) whose decays and inputs fit the budget.
             k_end = k + 1
             while k_end < len(plan.counts) and (offsets[k_end + 1] - offsets[k]) * per_event <= block_elements:
                 k_end += 1
-            base = offsets[k]
-            a = decay_factor(rate * g[base : offsets[k_end], None, None])
-            u = dx[base : offsets[k_end], :, None] * b[base : offsets[k_end], None, :]
+            base, stop = offsets[k], offsets[k_end]
+            a = decay_factor_(rate * g[base:stop, None, None])
+            # u holds each event's input and becomes the state after that event: one
+            # fused multiply-add per rank, reading the previous rank's block.
+            u = dx[base:stop, :, None] * b[base:stop, None, :]
             for q in range(k, k_end):
                 lo, hi = offsets[q] - base, offsets[q + 1] - base
-                hq = h[: hi - lo]
-                hq.mul_(a[lo:hi]).add_(u[lo:hi])
-                if hc is not None:
-                    hc[base + lo : base + hi] = torch.bmm(hq, c[base + lo : base + hi, :, None]).squeeze(-1)
+                u[lo:hi].addcmul_(prev[: hi - lo], a[lo:hi])
+                prev = u[lo:hi]
+            if hc is not None:
+                hc[base:stop] = torch.bmm(u, c[base:stop, :, None]).squeeze(-1)
+            ends_here = has & (last >= base) & (last < stop)
+            h[ends_here] = u[last[ends_here] - base]
             k = k_end
         tail = src[tails].transpose(1, 2).contiguous() if k1 else state0.conv.clone()
         out = None

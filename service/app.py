@@ -24,6 +24,7 @@ from .auth import require_api_key
 from .batcher import ScoreBatcher
 from .engine import Engine, ModelRuntime, RequestRefused
 from .limits import BodyLimitMiddleware, InFlightMiddleware
+from .malloc_tuning import keep_freed_memory
 from .schemas import (
     MAX_ABS_TIME,
     ErrorResponse,
@@ -68,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         import torch
 
         torch.set_num_threads(settings.torch_threads)
+        keep_freed_memory()  # big torch temporaries reuse heap pages instead of faulting in new ones
         runtime = ModelRuntime.load(settings.checkpoint, settings.backend, settings.onnx_dir, settings.device)
         store = make_store(
             settings.redis_url,

@@ -32,6 +32,7 @@ from model.node_state import NodeStates
 from model.streaming import NodeEvent, pad_events
 
 from .engine import Engine, ModelRuntime, node_events
+from .malloc_tuning import keep_freed_memory
 from .settings import DEFAULT_CHECKPOINT
 
 GOALS = """## Goals from the issues, for comparison
@@ -107,6 +108,7 @@ def bench_pipeline(checkpoint: Path, data: Path, redis_url: str | None, events: 
     from state_store.factory import make_store
 
     try:
+        keep_freed_memory()  # as the service does at start
         runtime = ModelRuntime.load(checkpoint)
         store = make_store(redis_url)
         engine = Engine(runtime, store)
