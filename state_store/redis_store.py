@@ -7,7 +7,8 @@ cluster because every multi-key operation stays inside one hash slot::
                                   node, so states shard across the cluster by node.
                                   The only keys with a TTL (``state_ttl_s``).
     P:{P:log}:seq                 sequence counter (INCR)
-    P:{P:log}:stream              the global log, a Stream with entry ids 0-<seq>
+    P:{P:log}:log                 the global log: a list, element i holds seq log_first + i
+    P:{P:log}:log_first           seq of the log's first element (absent: 1)
     P:{P:log}:eids                event ids seen: sorted set, score = expiry (ms, server
                                   clock) of the dedupe window, trimmed on every append
     P:{P:log}:h:<node>            per-node history, sorted set (score seq), capped
@@ -16,11 +17,11 @@ cluster because every multi-key operation stays inside one hash slot::
     P:{P:log}:pending             sorted set of logged, not yet applied events (score seq)
 
 Everything of the log shares the hash tag ``{P:log}``: appending a batch is ONE Lua
-script (dedupe, late and future checks, seq, XADD, both endpoints' history ZADD,
+script (dedupe, late and future checks, seq, log RPUSH, both endpoints' history ZADD,
 pending ZADD), and a script on a cluster may touch one slot only. The log is
 therefore one partition (the scale-out limit; see docs/STATE_STORE.md).
 
-Members of histories, of the pending set and the stream field ``e`` are the compact
+Members of histories, of the pending set and the log's elements are the compact
 JSON of ``state_store.common`` (``[seq,"src","dst",t,[features],"id"]``).
 
 Round trips: every method is one command or one pipeline; on a cluster a pipeline
@@ -90,6 +91,7 @@ local prev = {}
 local hist = {}
 local touched = {}
 local pend = {}
+local logged = {}
 local out = {}
 local function last_time(node)
   local v = lt[node]
@@ -138,7 +140,7 @@ for i = 1, n do
       seq = seq + 1
       local seq_s = string.format('%d', seq)
       local m = '[' .. seq_s .. tail
-      redis.call('XADD', KEYS[2], '0-' .. seq_s, 'e', m)
+      logged[#logged + 1] = m
       pend[#pend + 1] = seq_s
       pend[#pend + 1] = m
       add_to_history(src, KEYS[kb + 1], seq_s, m, t, ts)
@@ -157,6 +159,7 @@ for i = 1, n do
 end
 if seq ~= seq0 then redis.call('SET', KEYS[1], string.format('%d', seq)) end
 if tmax_changed then redis.call('SET', KEYS[5], tmax_s) end
+write_chunked('RPUSH', KEYS[2], logged)
 write_chunked('ZADD', KEYS[3], pend)
 write_chunked('ZADD', KEYS[6], marks)
 local times, previous = {}, {}
@@ -204,12 +207,13 @@ end
 return out
 """
 
-# KEYS: 1 pending, 2 stream, 3 seq. ARGV: 1 log_keep, 2.. seqs applied.
-# Removes the seqs from pending, then trims the stream below the lowest pending seq,
-# keeping at least log_keep newest entries (the stream holds a contiguous seq range).
+# KEYS: 1 pending, 2 log, 3 seq, 4 log_first. ARGV: 1 log_keep, then pairs lo, hi:
+# ranges of seqs applied. Removes them from pending, then trims the log below the
+# lowest pending seq, keeping at least log_keep newest entries (the log holds the
+# contiguous seq range log_first .. seq).
 MARK_LUA = """
-for i = 2, #ARGV do
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], ARGV[i], ARGV[i])
+for i = 2, #ARGV, 2 do
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], ARGV[i], ARGV[i + 1])
 end
 local last = tonumber(redis.call('GET', KEYS[3]) or '0')
 local bound = last + 1
@@ -217,10 +221,24 @@ local low = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if #low > 0 then bound = tonumber(low[2]) end
 local keep_from = last - tonumber(ARGV[1]) + 1
 if keep_from < bound then bound = keep_from end
-if bound > 1 then
-  return redis.call('XTRIM', KEYS[2], 'MINID', string.format('0-%d', bound))
+local first = tonumber(redis.call('GET', KEYS[4]) or '1')
+if bound > first then
+  redis.call('LTRIM', KEYS[2], bound - first, -1)
+  redis.call('SET', KEYS[4], string.format('%d', bound))
+  return bound - first
 end
 return 0
+"""
+
+# KEYS: 1 log, 2 log_first. ARGV: 1 after seq, 2 count. The logged events with
+# seq > after (at most count), oldest first; one script so a concurrent trim cannot
+# shift the list between reading log_first and the range.
+READ_LOG_LUA = """
+local first = tonumber(redis.call('GET', KEYS[2]) or '1')
+local start = tonumber(ARGV[1]) + 1
+if start < first then start = first end
+local i = start - first
+return redis.call('LRANGE', KEYS[1], i, i + tonumber(ARGV[2]) - 1)
 """
 
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
@@ -248,6 +266,17 @@ def _guard(fn: F) -> F:
             raise StoreUnavailable(f"state store unavailable: {type(e).__name__}: {e}") from e
 
     return wrapper  # type: ignore[return-value]
+
+
+def _ranges(seqs: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted seqs as inclusive runs: a batch's seqs are mostly one contiguous run."""
+    out: list[tuple[int, int]] = []
+    for s in sorted({int(x) for x in seqs}):
+        if out and s == out[-1][1] + 1:
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return out
 
 
 def _ms(seconds: float | None) -> str:
@@ -308,13 +337,14 @@ class RedisStore(StateStore):
         self._state_prefix = p
         log = f"{p}:{{{p}:log}}"
         self._k_seq = f"{log}:seq".encode()
-        self._k_stream = f"{log}:stream".encode()
+        self._k_log = f"{log}:log".encode()
+        self._k_log_first = f"{log}:log_first".encode()
         self._k_pending = f"{log}:pending".encode()
         self._k_lt = f"{log}:lt".encode()
         self._k_tmax = f"{log}:tmax".encode()
         self._k_eids = f"{log}:eids".encode()
         self._k_hist = f"{log}:h:".encode()
-        self._scripts = {"append": APPEND_LUA, "cas": CAS_LUA, "mark": MARK_LUA}
+        self._scripts = {"append": APPEND_LUA, "cas": CAS_LUA, "mark": MARK_LUA, "read_log": READ_LOG_LUA}
         self._sha = {k: hashlib.sha1(v.encode()).hexdigest() for k, v in self._scripts.items()}
         self._loaded = False
 
@@ -443,7 +473,7 @@ class RedisStore(StateStore):
         if not events:
             return AppendResult(seqs=[])
         cfg = self.config
-        keys: list[bytes] = [self._k_seq, self._k_stream, self._k_pending, self._k_lt, self._k_tmax, self._k_eids]
+        keys: list[bytes] = [self._k_seq, self._k_log, self._k_pending, self._k_lt, self._k_tmax, self._k_eids]
         args: list[Any] = [
             len(events),
             _ms(cfg.dedupe_ttl_s),
@@ -513,11 +543,8 @@ class RedisStore(StateStore):
     def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]:
         if count <= 0:
             return []
-        start = b"-" if after_seq < 0 else b"(0-%d" % int(after_seq)
-        entries = self._r.execute_command(
-            "XRANGE", self._k_stream, start, b"+", b"COUNT", int(count)
-        )
-        return [decode_event(_field(fields, b"e")) for _id, fields in entries]
+        ms = self._evalsha("read_log", [self._k_log, self._k_log_first], [max(int(after_seq), 0), int(count)])
+        return [decode_event(m) for m in ms]
 
     @_guard
     def pending(self, limit: int) -> list[LoggedEvent]:
@@ -530,8 +557,8 @@ class RedisStore(StateStore):
     def mark_applied(self, seqs: list[int]) -> None:
         self._evalsha(
             "mark",
-            [self._k_pending, self._k_stream, self._k_seq],
-            [self.config.log_keep, *(int(s) for s in seqs)],
+            [self._k_pending, self._k_log, self._k_seq, self._k_log_first],
+            [self.config.log_keep, *(x for lo, hi in _ranges(seqs) for x in (lo, hi))],
         )
 
     @_guard
@@ -551,16 +578,6 @@ class RedisStore(StateStore):
             self._r.close()
         except Exception:  # pragma: no cover - closing a dead connection
             pass
-
-
-def _field(fields: list[bytes] | dict[bytes, bytes], name: bytes) -> bytes:
-    if isinstance(fields, dict):
-        return fields[name]
-    it = iter(fields)
-    for k, v in zip(it, it, strict=True):
-        if k == name:
-            return v
-    raise KeyError(name)
 
 
 def _parse_hosts(netloc_hosts: str) -> Iterable[tuple[str, int]]:
