@@ -149,6 +149,12 @@ class Engine:
         self._runtime = runtime
         self.store = store
         self._swap = threading.Lock()
+        # One apply at a time per process. Concurrent applies of batches that share a
+        # node (a hub is in nearly every batch) only conflict on its compare-and-set
+        # and redo their work, and their torch ops fight over the GIL anyway; logging
+        # (the Lua append) and scoring still run beside an apply. Across worker
+        # processes the compare-and-set keeps it exactly once.
+        self._apply_lock = threading.Lock()
         self.needs_redrive = True  # on start: re-drive whatever a crash left logged but unapplied
 
     @property
@@ -208,7 +214,7 @@ class Engine:
 
     def apply(self, rt: ModelRuntime, logged: LoggedBatch) -> None:
         try:
-            with timed_store("apply"):
+            with self._apply_lock, timed_store("apply"):
                 apply_logged(self.store, rt.version, logged.events, rt.advance_blobs, previous_seq=logged.previous_seq)
         except Exception:
             self.needs_redrive = True  # logged but maybe not applied: re-drive later
@@ -216,7 +222,7 @@ class Engine:
 
     def redrive(self) -> int:
         rt = self.runtime
-        with timed_store("redrive"):
+        with self._apply_lock, timed_store("redrive"):
             stats = redrive(self.store, rt.version, rt.advance_blobs)
         self.needs_redrive = False
         return getattr(stats, "events_applied", 0)

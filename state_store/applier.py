@@ -30,6 +30,8 @@ and re-applying is a no-op, so a crash anywhere is healed by the next re-drive.
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Protocol
@@ -37,6 +39,10 @@ from typing import Protocol
 from model.node_state import read_watermark
 
 from .base import AppendResult, LoggedEvent, NewEvent, StateStore
+
+# Upper bound of the random pause before re-reading conflicting nodes, per round so
+# far: writers that keep colliding on a hub spread out instead of retrying in step.
+CONFLICT_BACKOFF_S = 0.002
 
 
 class Advance(Protocol):
@@ -187,6 +193,8 @@ def apply_nodes(
                 stats.cold_rebuilds += blobs[i] is None
         stats.conflicts += len(outcome.conflicts)
         todo = list(outcome.conflicts)
+        if todo:  # another writer won these nodes: let it finish before re-reading
+            time.sleep(random.uniform(0, CONFLICT_BACKOFF_S * stats.rounds))
     if todo:
         raise ApplyConflictError(
             f"{len(todo)} node(s) still conflicting after {max_rounds} rounds, e.g. {todo[:5]}"

@@ -112,7 +112,12 @@ def test_refused_at_hot_reload_previous_version_keeps_serving(models, tmp_path, 
                 detail = r.json()["detail"]
                 assert f"still serving {before}" in detail and REASONS[kind] in detail, detail
                 assert c.get("/v1/model").json()["model_version"] == before
-                assert c.get("/v1/score", params={"src": "a", "dst": "b", "t": 30.0}).json() == score
+                again = c.get("/v1/score", params={"src": "a", "dst": "b", "t": 30.0}).json()
+                # Same state, same score; dynamic batching with the background traffic may
+                # change the float32 rounding of the read-out (batch-size-dependent kernels).
+                assert again.pop("logit") == pytest.approx(score["logit"], rel=1e-6, abs=1e-6)
+                assert again.pop("probability") == pytest.approx(score["probability"], rel=1e-6, abs=1e-6)
+                assert again == {k: v for k, v in score.items() if k not in ("logit", "probability")}
                 ok = c.post("/v1/events", json={"events": [{"src": f"{kind}-u", "dst": f"{kind}-v", "t": 40.0}]}).json()
                 assert ok["accepted"] == 1
             # odd names (found by the fuzzer: a NUL byte made this a 500)
