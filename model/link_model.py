@@ -39,6 +39,8 @@ class EventInputs:
     seq: torch.Tensor  # int64 log sequence numbers
 
     def to(self, device: torch.device | str) -> EventInputs:
+        if self.t.device == torch.device(device):
+            return self
         return EventInputs(*(x.to(device) for x in (self.other_key, self.role, self.features, self.t, self.seq)))
 
 

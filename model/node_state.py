@@ -106,6 +106,8 @@ class NodeStates:
         return NodeStates(self.h.clone(), self.conv.clone(), self.t_last.clone(), self.last_seq.clone(), self.n_events.clone())
 
     def to(self, device: torch.device | str) -> NodeStates:
+        if self.h.device == torch.device(device):
+            return self  # the hot path on CPU: no per-tensor calls
         return NodeStates(*(x.to(device) for x in (self.h, self.conv, self.t_last, self.last_seq, self.n_events)))
 
     @property
@@ -142,6 +144,8 @@ class NeighbourLists:
         return NeighbourLists(self.keys[idx], self.times[idx])
 
     def to(self, device: torch.device | str) -> NeighbourLists:
+        if self.keys.device == torch.device(device):
+            return self
         return NeighbourLists(self.keys.to(device), self.times.to(device))
 
     def extended(self, per_node: Sequence[Sequence[Any]]) -> NeighbourLists:

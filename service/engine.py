@@ -86,9 +86,11 @@ class ModelRuntime:
 
     def decode(self, blobs: Sequence[bytes | None]) -> tuple[NodeStates, NeighbourLists]:
         """States and recent-neighbour lists for a list of blobs; None -> the initial state."""
+        present = [i for i, b in enumerate(blobs) if b is not None]
+        if len(present) == len(blobs):
+            return self.codec.decode_with_neighbours(list(blobs))  # type: ignore[arg-type]
         states = NodeStates.initial(len(blobs), self.config)
         lists = NeighbourLists.empty(len(blobs), self.codec.list_len)
-        present = [i for i, b in enumerate(blobs) if b is not None]
         if present:
             dec, nbr = self.codec.decode_with_neighbours([blobs[i] for i in present])  # type: ignore[misc]
             idx = torch.tensor(present)
