@@ -18,7 +18,7 @@ one ``orjson.loads``.
 from __future__ import annotations
 
 import math
-import uuid
+import os
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -73,7 +73,8 @@ def event_time(t: float) -> float:
 
 
 def event_id(ev: NewEvent) -> str:
-    return ev.event_id if ev.event_id is not None else uuid.uuid4().hex
+    # 128 random bits as hex, like uuid4().hex without building a UUID (a fifth of the cost)
+    return ev.event_id if ev.event_id is not None else os.urandom(16).hex()
 
 
 def encode_tail(ev: NewEvent, t: float, eid: str) -> bytes:
