@@ -45,9 +45,14 @@ GOALS = """## Goals from the issues, for comparison
 | cached-state scoring >= 10x the recompute-from-last-L-events variant at L=64 | service issue |
 | batch read-modify-write of 1,000 states within 3x of raw pipelined MGET+MSET | state-store issue |
 
-Where a figure above misses its goal, the gap is open work (the issue says so);
-the per-call framework overhead of small torch steps and the Python-side event
-handling dominate on this 2-core machine (profiles in the service issue's note).
+Where a figure above misses its goal, the gap is open work (the issue's note says
+so). What bounds each path on this 2-core machine, from profiles: ingest is the
+Lua append in Redis (the dedupe lookup and two history inserts per event), the
+rank-major model pass and the compare-and-set write of every touched blob, with
+Redis, the service and the load generator sharing the two cores; batch scoring of
+random pairs reads and decodes one ~5.4 KB blob per distinct node (two per pair)
+before any model work; single GETs are a few hundred small torch ops plus the
+HTTP stack, batched dynamically when they queue (`service/batcher.py`).
 """
 
 
