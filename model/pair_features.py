@@ -24,7 +24,6 @@ from .time_encoding import standardised_log_span
 PAIR_FEATURE_DIM = 11
 
 
-
 def pair_features(
     key_u: torch.Tensor,  # (N,) int64
     key_v: torch.Tensor,  # (N,) int64
