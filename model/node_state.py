@@ -236,9 +236,6 @@ class StateCodec:
     def decode_many(self, blobs: list[bytes]) -> NodeStates:
         return self.decode_with_neighbours(blobs)[0]
 
-    def decode_neighbours(self, blobs: list[bytes]) -> NeighbourLists:
-        return self.decode_with_neighbours(blobs)[1]
-
     def decode_with_neighbours(self, blobs: list[bytes]) -> tuple[NodeStates, NeighbourLists]:
         """States and neighbour lists of blobs, headers validated, arrays in one pass."""
         n = len(blobs)

@@ -228,11 +228,9 @@ def bench_http(url: str, data: Path, out: Path) -> list[str]:
         st = rep.latency
         rows.append(f"| single GET /v1/score, open loop at 200 req/s ({rep.achieved_rate:,.0f} answered/s, {rep.errors} errors), "
                     f"{label} | p50 {st.p50_ms:.2f} ms, p95 {st.p95_ms:.2f} ms, p99 {st.p99_ms:.2f} ms, max {st.max_ms:.1f} ms |")  # fmt: skip
-    stream = read_edge_stream(data, limit=30_000)
-    nodes = np.unique(np.concatenate([stream.src, stream.dst]))
-    rng = np.random.default_rng(1)
-    t = float(stream.t[-1])
-    body = {"pairs": [{"src": str(a), "dst": str(b), "t": t} for a, b in zip(rng.choice(nodes, 1000), rng.choice(nodes, 1000), strict=True)]}
+    post_pairs = pairs_from_csv(data, limit=30_000, seed=1)
+    t = post_pairs[0][2]
+    body = {"pairs": [{"src": a, "dst": b, "t": t} for a, b, t in post_pairs]}
     with httpx.Client(base_url=url, timeout=60) as c:
         lat = []
         for k in range(500):

@@ -42,7 +42,7 @@ def test_round_trip_is_exact():
     assert struct.unpack_from("<d", blobs[0], 32)[0] == 1.5
     assert codec.blob_size == HEADER_SIZE + 4 * (2 * 16 * 4 + 2 * 16 * 2) + 16 * CFG.neighbour_list_len
     # no lists given: empty lists
-    empty = codec.decode_neighbours(blobs)
+    empty = codec.decode_with_neighbours(blobs)[1]
     assert (empty.keys == PAD_KEY).all() and torch.isinf(empty.times).all()
 
 
@@ -51,14 +51,14 @@ def test_neighbour_lists_round_trip_exactly():
     codec = StateCodec(cfg, "00ff00ff00ff00ff")
     lists = NeighbourLists.from_lists([[5, 2**62 + 3], [], [1, 2, 3, 4, 5]], [[0.5, 1e15 + 0.25], [], [1, 2, 3, 4, 5.5]], 4)
     blobs = codec.encode_many(some_states(3), lists)
-    back = codec.decode_neighbours(blobs)
+    back = codec.decode_with_neighbours(blobs)[1]
     assert back.keys.tolist() == [[PAD_KEY, PAD_KEY, 5, 2**62 + 3], [PAD_KEY] * 4, [2, 3, 4, 5]]
     assert back.times[0, 2:].tolist() == [0.5, 1e15 + 0.25] and back.times[2].tolist() == [2, 3, 4, 5.5]
     assert torch.isinf(back.times[1]).all()
     # the list length is in the header (bytes 18..19), checked like the other shapes
     damaged = blobs[0][:18] + struct.pack("<H", 5) + blobs[0][20:]
     with pytest.raises(StateFormatError, match="shapes"):
-        codec.decode_neighbours([damaged])
+        codec.decode_with_neighbours([damaged])
 
 
 class _E:

@@ -23,11 +23,12 @@ import torch
 from model.data import read_edge_stream
 from service.engine import ModelRuntime
 from state_store.applier import apply_logged, logged_events
-from state_store.base import LoggedEvent, NewEvent, StateStore
+from state_store.base import LoggedEvent, NewEvent
 from state_store.common import RedisStoreConfig
 from state_store.memory import InMemoryStore
 from state_store.redis_store import RedisStore
 from tests.support.service_process import ServiceProcess, start_service
+from tests.support.store_model import read_whole_log
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CHECKPOINT = REPO / "checkpoints" / "default"
@@ -237,13 +238,6 @@ def redis_store(url: str) -> RedisStore:
     return RedisStore(RedisStoreConfig(url=url))
 
 
-def read_whole_log(store: StateStore) -> list[LoggedEvent]:
-    out: list[LoggedEvent] = []
-    while True:
-        page = store.read_log(out[-1].seq if out else -1, 5000)
-        if not page:
-            return out
-        out += page
 
 
 def check_log_against_outcomes(log: list[LoggedEvent], batches: list[Batch]) -> dict[str, int]:

@@ -30,7 +30,14 @@ from state_store.factory import make_store
 from state_store.faults import CRASH_EXIT_CODE, FAULT_ENV
 from state_store.memory import InMemoryStore
 from state_store.redis_store import RedisStore
-from tests.support.store_model import VERSION, ModelAdvance, build_model, max_state_diff, uci_events
+from tests.support.store_model import (
+    VERSION,
+    ModelAdvance,
+    build_model,
+    max_state_diff,
+    read_whole_log,
+    uci_events,
+)
 from tests.support.store_workers import log_then_apply, pool_init, pool_writer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,13 +64,6 @@ def all_nodes(events: list[LoggedEvent] | list[NewEvent]) -> list[str]:
     return list(dict.fromkeys(n for e in events for n in (e.src, e.dst)))
 
 
-def read_whole_log(store: StateStore) -> list[LoggedEvent]:
-    out: list[LoggedEvent] = []
-    while True:
-        page = store.read_log(out[-1].seq if out else -1, 1000)
-        if not page:
-            return out
-        out += page
 
 
 def sequential_replay(

@@ -18,7 +18,7 @@ from model.config import ModelConfig, TimeNormalisation
 from model.link_model import DygMambaLinkModel
 from model.node_state import StateCodec
 from service.engine import ModelRuntime
-from state_store.base import LoggedEvent, NewEvent
+from state_store.base import LoggedEvent, NewEvent, StateStore
 
 VERSION = "00c0ffee00c0ffee"
 SEED = 1234
@@ -96,3 +96,13 @@ def max_state_diff(codec: StateCodec, a: list[bytes | None], b: list[bytes | Non
     ):
         return float("inf")
     return max(float((sa.h - sb.h).abs().max()), float((sa.conv - sb.conv).abs().max()))
+
+
+def read_whole_log(store: StateStore) -> list[LoggedEvent]:
+    """Every event of the store's log, oldest first, page by page."""
+    out: list[LoggedEvent] = []
+    while True:
+        page = store.read_log(out[-1].seq if out else -1, 5000)
+        if not page:
+            return out
+        out += page
