@@ -36,8 +36,10 @@ changed in meaning):
 * ``AppendResult.event_ids``: the id of every input event, the client's or the one
   the store assigned (``event_id=None``), so callers can build ``LoggedEvent``s of
   what they logged (``applier.logged_events``).
-* Dedupe markers (one per remembered event id) carry a TTL too, the dedupe window;
-  evicting one only shortens that window. The log, histories and pending set never
+* Dedupe markers (one per remembered client event id) carry a TTL too, the dedupe
+  window; evicting one only shortens that window. Ids the store assigns are 128
+  random bits that no client ever sees (the HTTP contract does not return them), so
+  they are neither looked up nor remembered. The log, histories and pending set never
   carry a TTL.
 * ``append_events`` raises ``ValueError`` (and changes nothing) for a non-finite
   ``t``; the service validates before, this is a last guard.

@@ -154,7 +154,9 @@ class InMemoryStore(StateStore):
                     self._last_t[node] = t
                 if self._latest is None or t > self._latest:
                     self._latest = t
-                if cfg.dedupe_ttl_s is None:
+                if ev.event_id is None:
+                    pass  # an assigned id: never resent, nothing to remember
+                elif cfg.dedupe_ttl_s is None:
                     self._seen[eid] = None
                 else:
                     expiry = now + cfg.dedupe_ttl_s

@@ -59,12 +59,13 @@ from .common import (
 
 # KEYS: 1 seq, 2 stream, 3 pending, 4 lt, 5 tmax, 6 eids; then per event i: h:src, h:dst
 # ARGV: 1 n, 2 dedupe ttl ms ('' = forever), 3 history cap, 4 future skew ('' = off);
-#       then per event i: src, dst, t (repr), tail (the JSON after the seq), event id
+#       then per event i: src, dst, t (repr), tail (the JSON after the seq), the client's
+#       event id ('' for an id the store assigned: unique, so never looked up or marked)
 # Returns per event: {seq} | {-1} duplicate | {-2, node, last_t} late | {-3, tmax} future;
 # then one more element: {node, previous seq, ...} for every endpoint of a logged event
 # (its last logged seq before this batch, -1 if none).
-# Per event only what must be per event is a command (the dedupe ZSCORE, XADD, the two
-# history ZADDs); the counter, the late-check times, the pending set, the dedupe
+# Per event only what must be per event is a command (the dedupe ZSCORE of a client id,
+# the two history ZADDs); the counter, the late-check times, the pending set, the dedupe
 # marks and the history trims are read once per node or written once per batch. Dedupe
 # marks are members of one sorted set scored by expiry (a key per event with PX cost
 # ~4x as much per event); expired ones are dropped first, so any member is live.
@@ -122,7 +123,7 @@ for i = 1, n do
   local ab = 4 + 5 * (i - 1)
   local src, dst, ts, tail, eid = ARGV[ab + 1], ARGV[ab + 2], ARGV[ab + 3], ARGV[ab + 4], ARGV[ab + 5]
   local t = tonumber(ts)
-  if seen[eid] or redis.call('ZSCORE', KEYS[6], eid) then
+  if eid ~= '' and (seen[eid] or redis.call('ZSCORE', KEYS[6], eid)) then
     out[i] = {-1}
   else
     local late = nil
@@ -145,9 +146,11 @@ for i = 1, n do
       pend[#pend + 1] = m
       add_to_history(src, KEYS[kb + 1], seq_s, m, t, ts)
       if dst ~= src then add_to_history(dst, KEYS[kb + 2], seq_s, m, t, ts) end
-      seen[eid] = true
-      marks[#marks + 1] = expiry
-      marks[#marks + 1] = eid
+      if eid ~= '' then
+        seen[eid] = true
+        marks[#marks + 1] = expiry
+        marks[#marks + 1] = eid
+      end
       if (not tmax) or t > tmax then
         tmax = t
         tmax_s = ts
@@ -487,7 +490,8 @@ class RedisStore(StateStore):
             times.append(t)
             eids.append(eid)
             keys += [self.history_key(ev.src), self.history_key(ev.dst)]
-            args += [ev.src, ev.dst, _fmt_float(t), encode_tail(ev, t, eid), eid]
+            # '' as the dedupe id: an id assigned here is unique, so not looked up or kept.
+            args += [ev.src, ev.dst, _fmt_float(t), encode_tail(ev, t, eid), eid if ev.event_id is not None else ""]
         out = self._evalsha("append", keys, args)
         result = AppendResult(seqs=[None] * len(events), event_ids=eids)
         previous = out.pop()

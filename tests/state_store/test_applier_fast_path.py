@@ -63,9 +63,11 @@ def test_fast_path_falls_back_for_a_node_that_is_behind(make, advance) -> None:
         apply_logged(ref, VERSION, logged_events(batch, res), advance)
     nodes = ["u", "v", "w", "x", "y", "z"]
     got, want = store.read_states(VERSION, ["u", "x", "y", "z"]), ref.read_states(VERSION, ["u", "x", "y", "z"])
-    assert max_state_diff(advance.codec, got, want) == 0.0
+    # u's three events ran as one pass here and as two passes in ref: batches of other
+    # shapes may round differently in the last float32 bits (CPU-dependent kernels).
+    assert max_state_diff(advance.codec, got, want) <= 1e-6
     # v and w (batch a only) were not touched by batch b's apply; a re-drive of a heals them
     assert store.read_states(VERSION, ["v", "w"]) == [None, None]
     apply_nodes(store, VERSION, nodes, advance)
-    assert max_state_diff(advance.codec, store.read_states(VERSION, nodes), ref.read_states(VERSION, nodes)) == 0.0
+    assert max_state_diff(advance.codec, store.read_states(VERSION, nodes), ref.read_states(VERSION, nodes)) <= 1e-6
     assert res_a.previous_seq == {"u": -1, "v": -1, "w": -1}

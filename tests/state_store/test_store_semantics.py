@@ -146,6 +146,10 @@ def test_assigned_event_ids_are_unique(make) -> None:
     assert r.seqs == [1, 2] and r.duplicates == []
     assert len(set(r.event_ids)) == 2 and all(len(i) == 32 for i in r.event_ids)
     assert [e.event_id for e in s.read_log(-1, 10)] == r.event_ids
+    # Assigned ids are never seen by clients, so the store keeps no dedupe marker for
+    # them: the same string sent later as a client id is new (and then remembered).
+    again = s.append_events([ev("a", "b", 2.0, r.event_ids[0]), ev("a", "b", 2.0, r.event_ids[0])])
+    assert again.seqs[0] == 3 and again.duplicates == [1]
 
 
 def test_late_events_rejected_across_and_within_batches(make) -> None:
