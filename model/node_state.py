@@ -49,6 +49,9 @@ HEADER = struct.Struct("<4sHBBHHIHH8s4xdqq8x")
 HEADER_SIZE = HEADER.size
 WATERMARK_T_OFFSET = 32
 WATERMARK_SEQ_OFFSET = 40
+N_EVENTS_OFFSET = 48
+FLAGS_OFFSET = 7  # the only header byte before the watermark that differs between blobs
+FIXED_HEADER_END = 28  # magic .. model version: equal in every blob of one codec
 DTYPE_FLOAT32 = 1
 FLAG_HAS_EVENTS = 1
 # A node that has never applied an event has this watermark: any event is newer.
@@ -192,6 +195,7 @@ class StateCodec:
             MAGIC, STATE_FORMAT_VERSION, DTYPE_FLOAT32, config.n_layers, config.d_state,
             config.d_inner, config.d_conv, self.list_len, self._version_bytes,
         )  # fmt: skip
+        self._fixed_header = np.frombuffer(self._header(0.0, 0, 0)[:FIXED_HEADER_END], dtype=np.uint8)
 
     def _header(self, t_last: float, seq: int, n_events: int) -> bytes:
         magic, version, dtype, n_layers, d_state, d_inner, d_conv, list_len, mv = self._shape_fields
@@ -233,6 +237,25 @@ class StateCodec:
             raise StateFormatError(f"state blob belongs to model {mv.hex()}, not {self.model_version}")
         return t, seq, cnt
 
+    def _checked_rows(self, blobs: list[bytes]) -> np.ndarray:
+        """The blobs as rows of one uint8 array, every header validated.
+
+        The fixed header bytes (all but the flags and the watermark) are compared for
+        all rows in one numpy pass; only when some row differs does ``check_header``
+        run per blob, to name what is wrong.
+        """
+        size = self.blob_size
+        if all(len(b) == size for b in blobs):
+            raw = np.frombuffer(b"".join(blobs), dtype=np.uint8).reshape(len(blobs), size)
+            fixed = self._fixed_header
+            if (raw[:, :FLAGS_OFFSET] == fixed[:FLAGS_OFFSET]).all() and (
+                raw[:, FLAGS_OFFSET + 1 : FIXED_HEADER_END] == fixed[FLAGS_OFFSET + 1 :]
+            ).all():
+                return raw
+        for b in blobs:
+            self.check_header(b)
+        raise AssertionError("unreachable: a header differs but check_header accepted it")  # pragma: no cover
+
     def decode_many(self, blobs: list[bytes]) -> NodeStates:
         return self.decode_with_neighbours(blobs)[0]
 
@@ -241,20 +264,20 @@ class StateCodec:
         n = len(blobs)
         if n == 0:
             return NodeStates.initial(0, self.config), NeighbourLists.empty(0, self.list_len)
-        meta = [self.check_header(b) for b in blobs]
-        raw = np.frombuffer(b"".join(blobs), dtype=np.uint8).reshape(n, self.blob_size)
-        body = raw[:, HEADER_SIZE : HEADER_SIZE + self._arrays_size].copy().view(np.float32)
-        h = torch.from_numpy(body[:, : self._h_size].reshape(n, *self._h_shape).copy())
-        conv = torch.from_numpy(body[:, self._h_size :].reshape(n, *self._conv_shape).copy())
-        t, s, c = zip(*meta, strict=True)
-        states = NodeStates(
-            h=h,
-            conv=conv,
-            t_last=torch.tensor(t, dtype=torch.float64),
-            last_seq=torch.tensor(s, dtype=torch.int64),
-            n_events=torch.tensor(c, dtype=torch.int64),
-        )
+        raw = self._checked_rows(blobs)
+
+        def field(lo: int, hi: int, dtype: type) -> torch.Tensor:  # one contiguous copy
+            return torch.from_numpy(np.ascontiguousarray(raw[:, lo:hi]).view(dtype))
+
+        h_end = HEADER_SIZE + 4 * self._h_size
         start = HEADER_SIZE + self._arrays_size
+        states = NodeStates(
+            h=field(HEADER_SIZE, h_end, np.float32).reshape(n, *self._h_shape),
+            conv=field(h_end, start, np.float32).reshape(n, *self._conv_shape),
+            t_last=field(WATERMARK_T_OFFSET, WATERMARK_T_OFFSET + 8, np.float64).reshape(n),
+            last_seq=field(WATERMARK_SEQ_OFFSET, WATERMARK_SEQ_OFFSET + 8, np.int64).reshape(n),
+            n_events=field(N_EVENTS_OFFSET, N_EVENTS_OFFSET + 8, np.int64).reshape(n),
+        )
         keys = raw[:, start : start + 8 * self.list_len].copy().view(np.int64)
         times = raw[:, start + 8 * self.list_len :].copy().view(np.float64)
         return states, NeighbourLists(torch.from_numpy(keys), torch.from_numpy(times))

@@ -50,10 +50,18 @@ def pair_features(
 
     # Common-neighbour mass: for each slot of u, how many valid slots of v hold the
     # same key; sum_w min(cu[w], cv[w]) = sum over u-slots of min(1, cv[w] / cu[w]).
-    same = (nbr_u.unsqueeze(2) == nbr_v.unsqueeze(1)) & ok_u.unsqueeze(2) & ok_v.unsqueeze(1)
-    cv_at_u = same.sum(2).to(torch.float32)  # cnt_v[w] at each u-slot
-    cu_at_u = ((nbr_u.unsqueeze(2) == nbr_u.unsqueeze(1)) & ok_u.unsqueeze(2) & ok_u.unsqueeze(1)).sum(2)
-    common = (torch.minimum(cv_at_u, cu_at_u.to(torch.float32)) / cu_at_u.clamp(min=1)).mul(okf_u).sum(1)
+    # Slots that are empty or not yet visible get distinct negative keys (real keys are
+    # >= 0), so they match nothing but themselves and the (N, L, L) comparisons need
+    # no masks: one pass each instead of three.
+    len_u = nbr_u.shape[1]
+    hidden_u = -2 - torch.arange(len_u, device=nbr_u.device)
+    hidden_v = -2 - len_u - torch.arange(nbr_v.shape[1], device=nbr_v.device)
+    mu = torch.where(ok_u, nbr_u, hidden_u)
+    mv = torch.where(ok_v, nbr_v, hidden_v)
+    # (int32 sums of the bool comparisons: a third of the time of the default int64 ones)
+    cv_at_u = (mu.unsqueeze(2) == mv.unsqueeze(1)).sum(2, dtype=torch.int32).to(torch.float32)  # cnt_v[w] at each u-slot
+    cu_at_u = (mu.unsqueeze(2) == mu.unsqueeze(1)).sum(2, dtype=torch.int32).to(torch.float32)  # >= 1: the slot itself
+    common = (torch.minimum(cv_at_u, cu_at_u) / cu_at_u).mul(okf_u).sum(1)
 
     # Recency of the last u-v interaction seen from either side.
     neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)

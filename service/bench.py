@@ -91,22 +91,25 @@ def recompute_scores(engine: Engine, pairs: list[tuple[str, str, float]], window
     """The paper's way: re-scan each endpoint's last ``window`` events from zero per query
     (history read, scan, read-out and head; assumes a checkpoint with SSM states)."""
     rt = engine.runtime
+    model = rt.checkpoint.model  # torch: the ONNX backend exports no scan
     nodes = [n for s, d, _ in pairs for n in (s, d)]
     histories = engine.store.read_histories(nodes, limit=window)
     per_node: list[list[NodeEvent]] = [[x for e in h for x in node_events(n, e)] for n, h in zip(nodes, histories, strict=True)]
     ev, lengths = pad_events(per_node, rt.config.edge_feature_dim)
     with torch.no_grad():
-        states, _ = rt.model.scan(NodeStates.initial(len(nodes), rt.config), ev, lengths)
+        states, _ = model.scan(NodeStates.initial(len(nodes), rt.config), ev, lengths)
         tau = torch.tensor([t for _, _, t in pairs for _ in (0, 1)], dtype=torch.float64)
-        z = rt.model.node_readout(states.h, states.t_last, tau)
+        z = model.node_readout(states.h, states.t_last, tau)
         # Pair features cost the same in both variants; zeros keep the head's shape.
         from model.pair_features import PAIR_FEATURE_DIM
 
         pair = torch.zeros(len(pairs), PAIR_FEATURE_DIM) if rt.config.use_pair_features else None
-        return rt.model.head_logit(z[0::2], z[1::2], pair)
+        return model.head_logit(z[0::2], z[1::2], pair)
 
 
-def bench_pipeline(checkpoint: Path, data: Path, redis_url: str | None, events: int, window: int) -> str:
+def bench_pipeline(
+    checkpoint: Path, data: Path, redis_url: str | None, events: int, window: int, backend: str = "torch"
+) -> str:
     proc = workdir = None
     if redis_url is None:
         proc, redis_url, workdir = _start_redis()
@@ -114,7 +117,7 @@ def bench_pipeline(checkpoint: Path, data: Path, redis_url: str | None, events: 
 
     try:
         keep_freed_memory()  # as the service does at start
-        runtime = ModelRuntime.load(checkpoint)
+        runtime = ModelRuntime.load(checkpoint, backend)
         store = make_store(redis_url)
         engine = Engine(runtime, store)
         dim = runtime.config.edge_feature_dim
@@ -321,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     pipe.add_argument("--redis-url", default=None)
     pipe.add_argument("--events", type=int, default=20_000)
     pipe.add_argument("--window", type=int, default=64)
+    pipe.add_argument("--backend", choices=("torch", "onnx"), default="torch")
     every = sub.add_parser("all")
     every.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     every.add_argument("--data", type=Path, default=Path("../shared/data/uci/edges.csv.gz"))
@@ -336,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(store_main(args.rest) or 0)
     torch.set_num_threads(1)
-    print(bench_pipeline(args.checkpoint, args.data, args.redis_url, args.events, args.window))
+    print(bench_pipeline(args.checkpoint, args.data, args.redis_url, args.events, args.window, args.backend))
     return 0
 
 

@@ -30,7 +30,7 @@ from model.checkpoint import LoadedCheckpoint, load_checkpoint
 from model.link_model import ROLE_DST, ROLE_SRC
 from model.node_ids import node_key
 from model.node_state import NeighbourLists, NodeStates, StateCodec
-from model.streaming import NodeEvent, advance, endpoint_events, score
+from model.streaming import NodeEvent, advance, endpoint_events, score_nodes
 from state_store.applier import LoggedBatch, apply_logged, redrive
 from state_store.base import LoggedEvent, NewEvent, StateStore
 from state_store.faults import maybe_crash
@@ -269,16 +269,16 @@ class Engine:
         iu = torch.tensor([pos[s] for s, _, _ in pairs])
         iv = torch.tensor([pos[d] for _, d, _ in pairs])
         tau = torch.tensor([default_t if t is None else t for _, _, t in pairs], dtype=torch.float64)
-        su, sv = states.select(iu), states.select(iv)
         keys = torch.tensor([node_key(n) for n in nodes], dtype=torch.int64)
         dev = rt.device
-        logits = score(
-            rt.model, su.to(dev), sv.to(dev), keys[iu].to(dev), keys[iv].to(dev), tau.to(dev),
-            lists.select(iu).to(dev), lists.select(iv).to(dev),
-        ).cpu()  # fmt: skip
+        logits = score_nodes(
+            rt.model, states.to(dev), lists.to(dev), keys.to(dev), iu.to(dev), iv.to(dev), tau.to(dev)
+        ).cpu()
         out = []
         # Plain Python floats in one go: indexing tensors per pair costs microseconds each.
-        tl_u, tl_v, taus, lg = su.t_last.tolist(), sv.t_last.tolist(), tau.tolist(), logits.tolist()
+        t_last = states.t_last.tolist()
+        tl_u, tl_v = [t_last[i] for i in iu.tolist()], [t_last[i] for i in iv.tolist()]
+        taus, lg = tau.tolist(), logits.tolist()
         ind = inductive.tolist()
         for k, (s, d, _) in enumerate(pairs):
             t = taus[k]

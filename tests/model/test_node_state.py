@@ -92,6 +92,10 @@ def test_foreign_or_damaged_blobs_are_refused(mutate, message):
     blob = codec.encode_many(some_states(1))[0]
     with pytest.raises(StateFormatError, match=message):
         codec.decode_many([mutate(blob)])
+    # one damaged blob among good ones (headers are checked for all rows at once)
+    good = codec.encode_many(some_states(5))
+    with pytest.raises(StateFormatError, match=message):
+        codec.decode_many(good[:3] + [mutate(good[3])] + good[4:])
 
 
 def test_other_model_version_is_refused():

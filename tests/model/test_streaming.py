@@ -10,7 +10,7 @@ import torch
 import model.streaming as streaming
 from model.config import ModelConfig
 from model.link_model import DygMambaLinkModel, EventInputs
-from model.node_state import NodeStates
+from model.node_state import NeighbourLists, NodeStates
 from model.rank_plan import RankPlan
 
 
@@ -115,3 +115,25 @@ def test_rank_plan_layout():
     assert tails[0].tolist() == [3, 5]  # last two events of node 0
     assert tails[2].tolist() == [6 + 2 * 2 + 1, 2]  # node 2: tail[1] then its only event
     assert tails[3].tolist() == [6 + 3 * 2, 6 + 3 * 2 + 1]  # no events: the tail stays
+
+
+@pytest.mark.parametrize("same_time", [True, False])
+@pytest.mark.parametrize("variant", [{}, {"use_pair_features": False}, {"use_state": False}])
+def test_score_nodes_equals_score_of_gathered_pairs(same_time, variant):
+    """The service's indexed scoring (each node read out once) against ``score`` on
+    states copied out per pair, with repeated nodes, never-seen nodes and queries
+    before a node's last event."""
+    gen = torch.Generator().manual_seed(5)
+    cfg = ModelConfig(edge_feature_dim=2, neighbour_list_len=6, **variant)
+    model = DygMambaLinkModel(cfg).eval()
+    per_node = _events((3, 0, 7, 1, 5, 2), 0.0, gen)
+    states = streaming.advance(model, _carried_states(6, cfg, gen), per_node)
+    lists = NeighbourLists.empty(6, 6).extended(per_node)
+    keys = torch.arange(6, dtype=torch.int64) * 7 + 1  # node keys that also occur as neighbours
+    iu = torch.tensor([0, 0, 2, 3, 5, 1, 4])
+    iv = torch.tensor([2, 4, 2, 1, 0, 1, 3])
+    tau = torch.full((7,), 40.0, dtype=torch.float64) if same_time else torch.tensor([40.0, 3.0, 12.5, 60.0, 0.0, 8.0, 25.0], dtype=torch.float64)
+    got = streaming.score_nodes(model, states, lists, keys, iu, iv, tau)
+    want = streaming.score(model, states.select(iu), states.select(iv), keys[iu], keys[iv], tau, lists.select(iu), lists.select(iv))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert got.shape == (7,) and not torch.equal(got[0], got[1])  # the pairs differ
