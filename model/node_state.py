@@ -266,8 +266,9 @@ class StateCodec:
             return NodeStates.initial(0, self.config), NeighbourLists.empty(0, self.list_len)
         raw = self._checked_rows(blobs)
 
-        def field(lo: int, hi: int, dtype: type) -> torch.Tensor:  # one contiguous copy
-            return torch.from_numpy(np.ascontiguousarray(raw[:, lo:hi]).view(dtype))
+        def field(lo: int, hi: int, dtype: type) -> torch.Tensor:
+            # One copy into a fresh writable array (the rows view the read-only blobs).
+            return torch.from_numpy(raw[:, lo:hi].copy().view(dtype))
 
         h_end = HEADER_SIZE + 4 * self._h_size
         start = HEADER_SIZE + self._arrays_size

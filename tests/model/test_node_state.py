@@ -102,3 +102,16 @@ def test_other_model_version_is_refused():
     blob = StateCodec(CFG, "00ff00ff00ff00ff").encode_many(some_states(1))[0]
     with pytest.raises(StateFormatError, match="belongs to model"):
         StateCodec(CFG, "1111111111111111").decode_many([blob])
+
+
+def test_decoded_states_own_their_memory():
+    """Decoded tensors are copies: updating them in place (as the applier and the cold
+    path do) must not write into the blob bytes, even for a single blob whose rows are
+    already contiguous."""
+    codec = StateCodec(CFG, "00ff00ff00ff00ff")
+    blob = codec.encode_many(some_states(1))[0]
+    before = bytearray(blob)  # a real copy (bytes(blob) is blob itself)
+    states, lists = codec.decode_with_neighbours([blob])
+    for x in (states.h, states.conv, states.t_last, states.last_seq, states.n_events, lists.keys, lists.times):
+        x.add_(1)
+    assert blob == before
