@@ -187,7 +187,7 @@ class Engine:
             feats = e.get("features") or []
             if len(feats) != dim:
                 raise RequestRefused(422, f"events[{i}].features has length {len(feats)}, the model expects {dim}")
-            new.append(NewEvent(e["src"], e["dst"], float(e["t"]), tuple(float(x) for x in feats), e.get("event_id")))
+            new.append(NewEvent(e["src"], e["dst"], float(e["t"]), tuple(map(float, feats)), e.get("event_id")))
         with timed_store("append"):
             result = self.store.append_events(new)
         logged = [

@@ -72,14 +72,24 @@ def event_time(t: float) -> float:
     return t
 
 
-def event_id(ev: NewEvent) -> str:
-    # 128 random bits as hex, like uuid4().hex without building a UUID (a fifth of the cost)
-    return ev.event_id if ev.event_id is not None else os.urandom(16).hex()
+def event_ids(events: list[NewEvent]) -> list[str]:
+    """Each event's id: the client's, or 128 random bits as hex. The random bits of a
+    batch come from one urandom call (one per event was ~3 us, 5% of an ingest)."""
+    missing = sum(1 for ev in events if ev.event_id is None)
+    pool = os.urandom(16 * missing).hex() if missing else ""
+    out, k = [], 0
+    for ev in events:
+        if ev.event_id is None:
+            out.append(pool[k : k + 32])
+            k += 32
+        else:
+            out.append(ev.event_id)
+    return out
 
 
 def encode_tail(ev: NewEvent, t: float, eid: str) -> bytes:
     """The event without its seq: ``,"src","dst",t,[features],"id"]``."""
-    body = orjson.dumps([ev.src, ev.dst, t, [float(x) for x in ev.features], eid])
+    body = orjson.dumps([ev.src, ev.dst, t, list(map(float, ev.features)), eid])
     return b"," + body[1:]
 
 

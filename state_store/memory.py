@@ -19,7 +19,7 @@ from collections import OrderedDict, deque
 from model.node_state import HEADER_SIZE, WATERMARK_T_OFFSET
 
 from .base import AppendResult, LoggedEvent, NewEvent, StateStore, WriteOutcome
-from .common import MemoryStoreConfig, event_id, event_time, future_reason, late_reason
+from .common import MemoryStoreConfig, event_ids, event_time, future_reason, late_reason
 
 _WM = slice(WATERMARK_T_OFFSET, WATERMARK_T_OFFSET + 16)  # t_last (f64) + last_seq (i64)
 
@@ -114,7 +114,7 @@ class InMemoryStore(StateStore):
 
     def append_events(self, events: list[NewEvent]) -> AppendResult:
         prepared = [
-            (ev, event_time(ev.t), event_id(ev)) for ev in events
+            (ev, event_time(ev.t), eid) for ev, eid in zip(events, event_ids(events), strict=True)
         ]  # may raise: nothing changed
         cfg = self.config
         result = AppendResult(seqs=[None] * len(events), event_ids=[eid for _, _, eid in prepared])

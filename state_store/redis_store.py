@@ -48,7 +48,7 @@ from .common import (
     RedisStoreConfig,
     decode_event,
     encode_tail,
-    event_id,
+    event_ids,
     event_time,
     future_reason,
     late_reason,
@@ -483,12 +483,10 @@ class RedisStore(StateStore):
             cfg.history_cap,
             "" if cfg.max_future_skew is None else _fmt_float(cfg.max_future_skew),
         ]
-        times, eids = [], []
-        for ev in events:
+        times, eids = [], event_ids(events)
+        for ev, eid in zip(events, eids, strict=True):
             t = event_time(ev.t)
-            eid = event_id(ev)
             times.append(t)
-            eids.append(eid)
             keys += [self.history_key(ev.src), self.history_key(ev.dst)]
             # '' as the dedupe id: an id assigned here is unique, so not looked up or kept.
             args += [ev.src, ev.dst, _fmt_float(t), encode_tail(ev, t, eid), eid if ev.event_id is not None else ""]
