@@ -47,12 +47,13 @@ GOALS = """## Goals from the issues, for comparison
 
 Where a figure above misses its goal, the gap is open work (the issue's note says
 so). What bounds each path on this 2-core machine, from profiles: ingest is the
-Lua append in Redis (the dedupe lookup and two history inserts per event), the
-rank-major model pass and the compare-and-set write of every touched blob, with
-Redis, the service and the load generator sharing the two cores; batch scoring of
-random pairs reads and decodes one ~5.4 KB blob per distinct node (two per pair)
-before any model work; single GETs are a few hundred small torch ops plus the
-HTTP stack, batched dynamically when they queue (`service/batcher.py`).
+Lua append in Redis (two history inserts per event), the rank-major model pass and
+the compare-and-set write of every touched blob, with Redis, the service and the
+load generator sharing the two cores; batch scoring reads and decodes one ~5.4 KB
+blob per distinct node and reads each out once (`streaming.score_nodes`); a single
+GET is ~1.5 ms of store and model work in process, and the rest is the HTTP stack
+and the hand-off to the scoring thread, batched dynamically when requests queue
+(`service/batcher.py`).
 """
 
 
