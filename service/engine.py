@@ -28,7 +28,7 @@ import torch
 
 from model.checkpoint import LoadedCheckpoint, load_checkpoint
 from model.link_model import ROLE_DST, ROLE_SRC
-from model.node_ids import node_key
+from model.node_ids import node_key, node_keys
 from model.node_state import NeighbourLists, NodeStates, StateCodec
 from model.streaming import NodeEvent, advance, endpoint_events, score_nodes
 from state_store.applier import LoggedBatch, apply_logged, redrive
@@ -269,7 +269,7 @@ class Engine:
         iu = torch.tensor([pos[s] for s, _, _ in pairs])
         iv = torch.tensor([pos[d] for _, d, _ in pairs])
         tau = torch.tensor([default_t if t is None else t for _, _, t in pairs], dtype=torch.float64)
-        keys = torch.tensor([node_key(n) for n in nodes], dtype=torch.int64)
+        keys = torch.from_numpy(node_keys(nodes))
         dev = rt.device
         logits = score_nodes(
             rt.model, states.to(dev), lists.to(dev), keys.to(dev), iu.to(dev), iv.to(dev), tau.to(dev)
