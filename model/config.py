@@ -49,6 +49,12 @@ class ModelConfig(BaseModel):
     d_node: int = Field(16, ge=1)
     neighbour_list_len: int = Field(32, ge=1, description="L: recent neighbours kept per node")
     d_out: int = Field(32, ge=1, description="width of a node's read-out vector")
+    identity_match_dim: int = Field(
+        0,
+        ge=0,
+        description="width of the learned match between each endpoint's hashed id and the other"
+        " endpoint's last neighbour (0 = off); needs node_hash_buckets",
+    )
     head_hidden: int = Field(64, ge=1)
     use_state: bool = Field(True, description="ablation switch: SSM node states in the head")
     use_pair_features: bool = Field(True, description="ablation switch: pair/activity features")
@@ -62,6 +68,8 @@ class ModelConfig(BaseModel):
     def _something_to_score(self) -> ModelConfig:
         if not (self.use_state or self.use_pair_features):
             raise ValueError("at least one of use_state / use_pair_features must be on")
+        if self.identity_match_dim and not self.node_hash_buckets:
+            raise ValueError("identity_match_dim needs node_hash_buckets > 0 (the match hashes node ids)")
         return self
 
     def with_updates(self, **changes: object) -> ModelConfig:

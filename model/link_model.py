@@ -8,6 +8,12 @@ never reads another node's state, so updates of different nodes are independent.
 A query (u, v, tau) decays each node's state to tau with zero input, reads it out
 with a linear map of the decayed states, and feeds both read-outs plus the pair
 features (``pair_features``) to an MLP head. Scoring never writes state.
+
+With ``identity_match_dim`` the head also gets, per direction, the elementwise
+product of a learned embedding of one endpoint's hashed id and one of the other
+endpoint's last neighbour: a low-rank "who follows whom" table (item after item on
+MOOC) that the states cannot hold, because a node's state is built from its
+neighbours' ids, never its own.
 """
 
 from __future__ import annotations
@@ -64,6 +70,10 @@ class DygMambaLinkModel(nn.Module):
             head_in += 3 * c.d_out
         if c.use_pair_features:
             head_in += PAIR_FEATURE_DIM
+        if c.identity_match_dim:
+            self.match_self = nn.Embedding(c.node_hash_buckets, c.identity_match_dim)
+            self.match_previous = nn.Embedding(c.node_hash_buckets, c.identity_match_dim)
+            head_in += 2 * c.identity_match_dim
         self.head = nn.Sequential(
             nn.Linear(head_in, c.head_hidden),
             nn.ReLU(),
@@ -197,18 +207,45 @@ class DygMambaLinkModel(nn.Module):
     def node_readout(self, h: torch.Tensor, t_last: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
         return self.readout(self.decay(h, t_last, tau).flatten(1))
 
-    def head_logit(self, z_u: torch.Tensor | None, z_v: torch.Tensor | None, pair: torch.Tensor | None) -> torch.Tensor:
+    def identity_match(self, ids: torch.Tensor) -> torch.Tensor:
+        """(N, 2 * identity_match_dim) from ``pair_identity_keys`` rows: v against u's
+        last neighbour, then u against v's; zero where there is no last neighbour."""
+        buckets = self.config.node_hash_buckets
+
+        def match(own: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+            e_own = self.match_self(torch.remainder(own, buckets))
+            e_prev = self.match_previous(torch.remainder(previous.clamp(min=0), buckets))
+            return e_own * e_prev * (previous >= 0).unsqueeze(-1).to(e_own.dtype)
+
+        return torch.cat([match(ids[:, 1], ids[:, 2]), match(ids[:, 0], ids[:, 3])], dim=-1)
+
+    def head_logit(
+        self,
+        z_u: torch.Tensor | None,
+        z_v: torch.Tensor | None,
+        pair: torch.Tensor | None,
+        pair_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         parts = []
         if self.config.use_state:
             parts += [z_u, z_v, z_u * z_v]
         if self.config.use_pair_features:
             parts.append(pair)
+        if self.config.identity_match_dim:
+            if pair_ids is None:
+                raise ValueError("this model matches node ids: pass pair_ids (pair_features.pair_identity_keys)")
+            parts.append(self.identity_match(pair_ids))
         return self.head(torch.cat(parts, dim=-1)).squeeze(-1)
 
     def score_states(
-        self, su: NodeStates, sv: NodeStates, tau: torch.Tensor, pair: torch.Tensor | None
+        self,
+        su: NodeStates,
+        sv: NodeStates,
+        tau: torch.Tensor,
+        pair: torch.Tensor | None,
+        pair_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits for N pairs from their (cached) states at query times tau."""
         z_u = self.node_readout(su.h, su.t_last, tau) if self.config.use_state else None
         z_v = self.node_readout(sv.h, sv.t_last, tau) if self.config.use_state else None
-        return self.head_logit(z_u, z_v, pair)
+        return self.head_logit(z_u, z_v, pair, pair_ids)

@@ -1,7 +1,7 @@
 """The onnxruntime backend: a drop-in for ``DygMambaLinkModel`` in ``model.streaming``.
 
 ``OnnxLinkModel`` has the surface ``streaming.advance`` and ``streaming.score`` use:
-``config``, ``step(states, ev) -> NodeStates``, ``score_states(su, sv, tau, pair)``
+``config``, ``step(states, ev) -> NodeStates``, ``score_states(su, sv, tau, pair, pair_ids)``
 and ``eval()``. Tensors in and out are torch (on the CPU); inside, numpy arrays go
 through two onnxruntime sessions (``step.onnx`` and ``readout_head.onnx``, see
 ``model.onnx_export``). The per-node bookkeeping of a step (t_last <- t, last_seq <- seq,
@@ -39,7 +39,7 @@ from .onnx_export import (
     STEP_OUTPUTS,
     export_loaded,
 )
-from .pair_features import PAIR_FEATURE_DIM
+from .pair_features import PAIR_FEATURE_DIM, PAIR_ID_COLUMNS
 
 PREFERRED_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
@@ -206,7 +206,12 @@ class OnnxLinkModel:
         )
 
     def score_states(
-        self, su: NodeStates, sv: NodeStates, tau: torch.Tensor, pair: torch.Tensor | None
+        self,
+        su: NodeStates,
+        sv: NodeStates,
+        tau: torch.Tensor,
+        pair: torch.Tensor | None,
+        pair_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits (N,) float32 of N pairs from their states at query times tau."""
         n = int(tau.shape[0])
@@ -218,6 +223,12 @@ class OnnxLinkModel:
             pair_np = np.zeros((n, PAIR_FEATURE_DIM), dtype=np.float32)  # unused by the graph
         else:
             pair_np = _np(pair, np.float32)
+        if pair_ids is None:
+            if self.config.identity_match_dim:
+                raise ValueError("this model matches node ids: pass pair_ids")
+            ids_np = np.zeros((n, PAIR_ID_COLUMNS), dtype=np.int64)  # unused by the graph
+        else:
+            ids_np = _np(pair_ids, np.int64)
         feed = {
             "h_u": _np(su.h, np.float32),
             "t_last_u": _np(su.t_last, np.float64),
@@ -225,6 +236,7 @@ class OnnxLinkModel:
             "t_last_v": _np(sv.t_last, np.float64),
             "tau": _np(tau, np.float64),
             "pair": pair_np,
+            "pair_ids": ids_np,
         }
         (logits,) = self._readout.run(
             list(READOUT_HEAD_OUTPUTS), {k: v for k, v in feed.items() if k in self._readout_inputs}

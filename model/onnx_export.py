@@ -19,12 +19,13 @@ Two graphs, both with a dynamic batch dimension ``batch`` (one row per node or p
 * ``readout_head.onnx``: logits of N pairs from cached states at query times tau:
   decay to tau (float64 gap, clamped at 0), read-out, head.
 
-  inputs  h_u, t_last_u, h_v, t_last_v, tau (N,) f64, pair (N, 11) f32
+  inputs  h_u, t_last_u, h_v, t_last_v, tau (N,) f64, pair (N, 11) f32,
+          pair_ids (N, 4) i64
   outputs logits (N,) f32
 
   An input the config does not use (``other_key`` with ``node_hash_buckets = 0``;
   ``h_*``/``t_last_*`` with ``use_state = false``; ``pair`` with
-  ``use_pair_features = false``) may be dropped by the exporter: the manifest lists
+  ``use_pair_features = false``; ``pair_ids`` with ``identity_match_dim = 0``) may be dropped by the exporter: the manifest lists
   the inputs each graph really has, and the backend feeds exactly those.
 
 Both graphs are traced from the model's own ``step`` and ``score_states`` (not a
@@ -66,7 +67,7 @@ from torch import nn
 from .checkpoint import LoadedCheckpoint, load_checkpoint
 from .link_model import DygMambaLinkModel, EventInputs
 from .node_state import NO_TIME, NodeStates
-from .pair_features import PAIR_FEATURE_DIM
+from .pair_features import PAIR_FEATURE_DIM, PAIR_ID_COLUMNS
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "dygserve-onnx/1"
@@ -74,7 +75,7 @@ STEP_FILE = "step.onnx"
 READOUT_HEAD_FILE = "readout_head.onnx"
 STEP_INPUTS = ("h", "conv", "t_last", "other_key", "role", "features", "t")
 STEP_OUTPUTS = ("h_new", "conv_new")
-READOUT_HEAD_INPUTS = ("h_u", "t_last_u", "h_v", "t_last_v", "tau", "pair")
+READOUT_HEAD_INPUTS = ("h_u", "t_last_u", "h_v", "t_last_v", "tau", "pair", "pair_ids")
 READOUT_HEAD_OUTPUTS = ("logits",)
 BATCH_DIM = "batch"
 # Sample batch for tracing: not 0 or 1, which torch.export would specialise.
@@ -127,11 +128,12 @@ class ReadoutHeadGraph(nn.Module):
         t_last_v: torch.Tensor,
         tau: torch.Tensor,
         pair: torch.Tensor,
+        pair_ids: torch.Tensor,
     ) -> torch.Tensor:
         # score_states reads only h and t_last of a state; conv is never touched.
         su = NodeStates(h=h_u, conv=h_u, t_last=t_last_u, last_seq=h_u, n_events=h_u)
         sv = NodeStates(h=h_v, conv=h_v, t_last=t_last_v, last_seq=h_v, n_events=h_v)
-        return self.model.score_states(su, sv, tau, pair)
+        return self.model.score_states(su, sv, tau, pair, pair_ids)
 
 
 # ===================================================================== sample inputs
@@ -163,6 +165,8 @@ def sample_readout_inputs(model: DygMambaLinkModel, n: int = _SAMPLE_N, seed: in
     t_u[::3] = NO_TIME
     t_v[1::4] = NO_TIME
     tau = torch.rand(n, generator=g, dtype=torch.float64) * 200.0 * scale + 1.0e6  # some before t_last
+    pair_ids = torch.randint(0, 2**62, (n, PAIR_ID_COLUMNS), generator=g, dtype=torch.int64)
+    pair_ids[::2, 2] = pair_ids[1::3, 3] = -1  # no last neighbour
     return {
         "h_u": torch.randn(n, c.n_layers, c.d_inner, c.d_state, generator=g),
         "t_last_u": t_u,
@@ -170,6 +174,7 @@ def sample_readout_inputs(model: DygMambaLinkModel, n: int = _SAMPLE_N, seed: in
         "t_last_v": t_v,
         "tau": tau,
         "pair": torch.randn(n, PAIR_FEATURE_DIM, generator=g),
+        "pair_ids": pair_ids,
     }
 
 
@@ -393,20 +398,21 @@ def bench(checkpoint_dir: str | Path, batches: Sequence[int] = (1, 1000), thread
         su = NodeStates(r["h_u"], s["conv"], r["t_last_u"], states.last_seq, states.n_events)
         sv = NodeStates(r["h_v"], s["conv"], r["t_last_v"], states.last_seq, states.n_events)
         pair = r["pair"] if torch_model.config.use_pair_features else None
+        ids = r["pair_ids"] if torch_model.config.identity_match_dim else None
 
         def torch_step(states: NodeStates = states, ev: EventInputs = ev) -> NodeStates:
             with torch.inference_mode():
                 return torch_model.step(states, ev)
 
-        def torch_score(su: NodeStates = su, sv: NodeStates = sv, tau: torch.Tensor = r["tau"], pair: Any = pair) -> torch.Tensor:
+        def torch_score(su: NodeStates = su, sv: NodeStates = sv, tau: torch.Tensor = r["tau"], pair: Any = pair, ids: Any = ids) -> torch.Tensor:
             with torch.inference_mode():
-                return torch_model.score_states(su, sv, tau, pair)
+                return torch_model.score_states(su, sv, tau, pair, ids)
 
         def ort_step(states: NodeStates = states, ev: EventInputs = ev) -> NodeStates:
             return ort_model.step(states, ev)
 
-        def ort_score(su: NodeStates = su, sv: NodeStates = sv, tau: torch.Tensor = r["tau"], pair: Any = pair) -> torch.Tensor:
-            return ort_model.score_states(su, sv, tau, pair)
+        def ort_score(su: NodeStates = su, sv: NodeStates = sv, tau: torch.Tensor = r["tau"], pair: Any = pair, ids: Any = ids) -> torch.Tensor:
+            return ort_model.score_states(su, sv, tau, pair, ids)
 
         diff_step = float((torch_step().h - ort_step().h).abs().max())
         diff_score = float((torch_score() - ort_score()).abs().max())

@@ -11,6 +11,13 @@ so a query never sees events at or after its own time:
   log-span since each node's last event.
 
 All counts enter as log1p. The same function runs in the trainer and the service.
+
+``pair_identity_keys`` gives the head the ids it matches when the config has
+``identity_match_dim``: each endpoint's own key and the other endpoint's last
+visible neighbour. On MOOC (students x course items) "v is the item that usually
+follows u's last item" alone ranks validation positives over random items at 0.94
+AP, and nothing in the counts above or in v's state (built from v's *neighbours'*
+ids) can say which item v is.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from .node_state import PAD_KEY
 from .time_encoding import standardised_log_span
 
 PAIR_FEATURE_DIM = 11
+PAIR_ID_COLUMNS = 4  # key_u, key_v, last visible neighbour of u, of v (PAD_KEY when none)
 
 
 def pair_features(
@@ -89,3 +97,29 @@ def pair_features(
         since_last(t_last_v),
     ]
     return torch.stack(feats, dim=1)
+
+
+def last_visible_neighbour(nbr: torch.Tensor, nbr_t: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """(N,) key of each node's latest neighbour with time < tau, PAD_KEY when none.
+
+    Lists are oldest first, so the latest visible entry is the highest visible slot.
+    """
+    ok = (nbr != PAD_KEY) & (nbr_t < tau.to(torch.float64).unsqueeze(1))
+    slot = torch.where(ok, torch.arange(1, nbr.shape[1] + 1, device=nbr.device), 0).amax(1, keepdim=True)
+    last = nbr.gather(1, (slot - 1).clamp(min=0)).squeeze(1)
+    return torch.where(slot.squeeze(1) > 0, last, PAD_KEY)
+
+
+def pair_identity_keys(
+    key_u: torch.Tensor,
+    key_v: torch.Tensor,
+    tau: torch.Tensor,
+    nbr_u: torch.Tensor,
+    nbr_t_u: torch.Tensor,
+    nbr_v: torch.Tensor,
+    nbr_t_v: torch.Tensor,
+) -> torch.Tensor:
+    """(N, PAIR_ID_COLUMNS) int64: key_u, key_v, last visible neighbour of u, of v."""
+    return torch.stack(
+        [key_u, key_v, last_visible_neighbour(nbr_u, nbr_t_u, tau), last_visible_neighbour(nbr_v, nbr_t_v, tau)], dim=1
+    )

@@ -17,7 +17,7 @@ import torch
 
 from .link_model import ROLE_DST, ROLE_SRC, DygMambaLinkModel, EventInputs
 from .node_state import NeighbourLists, NodeStates
-from .pair_features import pair_features
+from .pair_features import pair_features, pair_identity_keys
 from .rank_plan import RankPlan
 
 
@@ -149,7 +149,10 @@ def score(
             key_u, key_v, tau, nu.keys, nu.times, nv.keys, nv.times,
             su.n_events, sv.n_events, su.t_last, sv.t_last, model.config.time_norm,
         )  # fmt: skip
-    return model.score_states(su, sv, tau.to(torch.float64), pair)
+    ids = None
+    if model.config.identity_match_dim:
+        ids = pair_identity_keys(key_u, key_v, tau, nu.keys, nu.times, nv.keys, nv.times)
+    return model.score_states(su, sv, tau.to(torch.float64), pair, ids)
 
 
 @torch.no_grad()
@@ -179,12 +182,15 @@ def score_nodes(
             keys[iu], keys[iv], tau, lists.keys[iu], lists.times[iu], lists.keys[iv], lists.times[iv],
             states.n_events[iu], states.n_events[iv], states.t_last[iu], states.t_last[iv], cfg.time_norm,
         )  # fmt: skip
+    ids = None
+    if cfg.identity_match_dim:
+        ids = pair_identity_keys(keys[iu], keys[iv], tau, lists.keys[iu], lists.times[iu], lists.keys[iv], lists.times[iv])
     if not cfg.use_state:
-        return model.head_logit(None, None, pair)
+        return model.head_logit(None, None, pair, ids)
     if len(tau) and bool((tau == tau[0]).all()):
         z = model.node_readout(states.h, states.t_last, tau[:1].expand(len(states)))
         z_u, z_v = z[iu], z[iv]
     else:
         z_u = model.node_readout(states.h[iu], states.t_last[iu], tau)
         z_v = model.node_readout(states.h[iv], states.t_last[iv], tau)
-    return model.head_logit(z_u, z_v, pair)
+    return model.head_logit(z_u, z_v, pair, ids)

@@ -51,7 +51,7 @@ from .link_model import DygMambaLinkModel
 from .metrics import average_precision, roc_auc
 from .negatives import train_negatives
 from .node_state import NodeStates
-from .pair_features import pair_features
+from .pair_features import pair_features, pair_identity_keys
 from .time_encoding import fit_time_normalisation
 from .training_batches import IndexedStream, NodeEventIndex
 
@@ -201,15 +201,16 @@ class EpochRunner:
         else:
             new_anchor = None
 
-        pair = None
+        pair = ids = None
         n_q = len(ev)
-        if cfg.use_pair_features:
+        if cfg.use_pair_features or cfg.identity_match_dim:
             lists = idx.neighbour_lists(q_nodes, q_m, cfg.neighbour_list_len)
-            m_t = torch.from_numpy(q_m)
-            last = torch.from_numpy(idx.last_time(q_nodes, q_m))
             keys = torch.from_numpy(d.keys[q_nodes])
             su, sv, sn = slice(0, n_q), slice(n_q, 2 * n_q), slice(2 * n_q, 3 * n_q)
             tau = torch.from_numpy(t)
+        if cfg.use_pair_features:
+            m_t = torch.from_numpy(q_m)
+            last = torch.from_numpy(idx.last_time(q_nodes, q_m))
 
             def pf(a_sl: slice, b_sl: slice) -> torch.Tensor:
                 return pair_features(
@@ -218,11 +219,19 @@ class EpochRunner:
                 )  # fmt: skip
 
             pair = torch.cat([pf(su, sv), pf(su, sn)])
+        if cfg.identity_match_dim:
+
+            def pid(a_sl: slice, b_sl: slice) -> torch.Tensor:
+                return pair_identity_keys(
+                    keys[a_sl], keys[b_sl], tau, lists.keys[a_sl], lists.times[a_sl], lists.keys[b_sl], lists.times[b_sl]
+                )
+
+            ids = torch.cat([pid(su, sv), pid(su, sn)])
         if z is not None:
             z_u, z_v, z_n = z[:n_q], z[n_q : 2 * n_q], z[2 * n_q :]
-            logits = self.model.head_logit(torch.cat([z_u, z_u]), torch.cat([z_v, z_n]), pair)
+            logits = self.model.head_logit(torch.cat([z_u, z_u]), torch.cat([z_v, z_n]), pair, ids)
         else:
-            logits = self.model.head_logit(None, None, pair)
+            logits = self.model.head_logit(None, None, pair, ids)
         labels = torch.cat([torch.ones(n_q), torch.zeros(n_q)])
         loss = F.binary_cross_entropy_with_logits(logits, labels)
 

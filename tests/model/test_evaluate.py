@@ -29,7 +29,7 @@ def uci(data_dir):
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(3)
-    m = DygMambaLinkModel(ModelConfig(d_model=16, d_state=8, time_norm={"scale": 300.0}))
+    m = DygMambaLinkModel(ModelConfig(d_model=16, d_state=8, identity_match_dim=8, time_norm={"scale": 300.0}))
     # make the state matter: larger read-out weights than the default init
     with torch.no_grad():
         for p in m.readout.parameters():

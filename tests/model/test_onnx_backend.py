@@ -46,7 +46,7 @@ N_EVENTS, BATCH = 2000, 100
 @pytest.fixture(scope="module")
 def small_checkpoint(tmp_path_factory) -> Path:
     torch.manual_seed(0)
-    model = DygMambaLinkModel(ModelConfig(edge_feature_dim=2, n_layers=2, d_model=16, d_state=8))
+    model = DygMambaLinkModel(ModelConfig(edge_feature_dim=2, n_layers=2, d_model=16, d_state=8, identity_match_dim=8))
     path = tmp_path_factory.mktemp("small") / "ck"
     save_checkpoint(path, model)
     return path
@@ -206,9 +206,10 @@ def _check_batch(torch_model, onnx_model, n: int) -> None:
     su = NodeStates(r["h_u"], s["conv"], r["t_last_u"], states.last_seq, states.n_events)
     sv = NodeStates(r["h_v"], s["conv"], r["t_last_v"], states.last_seq, states.n_events)
     pair = r["pair"] if torch_model.config.use_pair_features else None
+    ids = r["pair_ids"] if torch_model.config.identity_match_dim else None
     with torch.no_grad():
-        expected = torch_model.score_states(su, sv, r["tau"], pair)
-    torch.testing.assert_close(onnx_model.score_states(su, sv, r["tau"], pair), expected, rtol=RTOL, atol=ATOL)
+        expected = torch_model.score_states(su, sv, r["tau"], pair, ids)
+    torch.testing.assert_close(onnx_model.score_states(su, sv, r["tau"], pair, ids), expected, rtol=RTOL, atol=ATOL)
 
 
 def test_batch_sizes_and_empty(backends):
@@ -218,7 +219,8 @@ def test_batch_sizes_and_empty(backends):
     empty = NodeStates.initial(0, onnx_model.config)
     ev = EventInputs(*(torch.zeros(0, dtype=torch.int64),) * 2, torch.zeros(0, 2), torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64))
     assert len(onnx_model.step(empty, ev)) == 0
-    assert onnx_model.score_states(empty, empty, torch.zeros(0, dtype=torch.float64), torch.zeros(0, 11)).shape == (0,)
+    no_ids = torch.zeros(0, 4, dtype=torch.int64)
+    assert onnx_model.score_states(empty, empty, torch.zeros(0, dtype=torch.float64), torch.zeros(0, 11), no_ids).shape == (0,)
 
 
 def test_cli_and_ablations_with_torchscript_exporter(tmp_path):

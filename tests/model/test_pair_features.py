@@ -1,6 +1,7 @@
 """``pair_features`` (vectorised, used by trainer and service) against a plain Python
 twin written from its docstring, on random lists with repeats, padding, entries at or
-after the query time, and a pair of nodes that list each other."""
+after the query time, and a pair of nodes that list each other. Likewise the last
+visible neighbour that the identity match reads."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from model.config import TimeNormalisation
 from model.node_state import PAD_KEY
-from model.pair_features import PAIR_FEATURE_DIM, pair_features
+from model.pair_features import PAIR_FEATURE_DIM, last_visible_neighbour, pair_features
 
 NORM = TimeNormalisation(scale=3.0, log_mean=0.4, log_std=1.7)
 
@@ -67,3 +68,20 @@ def test_pair_features_match_the_plain_twin():
     ])  # fmt: skip
     torch.testing.assert_close(got, want.to(torch.float32), rtol=1e-5, atol=1e-5)
     assert (got[:, 2] > 0).any() and (got[:, 4] == 1).any() and (got[:, 4] == 0).any()  # cases exercised
+
+
+def test_last_visible_neighbour_matches_the_plain_twin():
+    gen = torch.Generator().manual_seed(5)
+    n, length = 200, 7
+    nbr = torch.randint(0, 1000, (n, length), generator=gen)
+    times = torch.sort(torch.rand(n, length, generator=gen, dtype=torch.float64) * 20, dim=1).values  # oldest first
+    nbr[torch.rand(n, length, generator=gen) < 0.3] = PAD_KEY
+    tau = torch.rand(n, generator=gen, dtype=torch.float64) * 22
+    tau[0] = times[0, 3]  # an entry exactly at tau is not visible
+    got = last_visible_neighbour(nbr, times, tau)
+    want = []
+    for i in range(n):
+        seen = [k for k, t in zip(nbr[i].tolist(), times[i].tolist(), strict=True) if k != PAD_KEY and t < tau[i]]
+        want.append(seen[-1] if seen else PAD_KEY)
+    assert got.tolist() == want
+    assert PAD_KEY in want and sum(k != PAD_KEY for k in want) > n // 2  # both cases exercised
