@@ -73,6 +73,10 @@ class DygMambaLinkModel(nn.Module):
         if c.identity_match_dim:
             self.match_self = nn.Embedding(c.node_hash_buckets, c.identity_match_dim)
             self.match_previous = nn.Embedding(c.node_hash_buckets, c.identity_match_dim)
+            # Small start: with Adam every entry moves ~lr per step whatever its scale,
+            # so from N(0, 1) the table would stay mostly noise for thousands of steps.
+            for table in (self.match_self, self.match_previous):
+                nn.init.normal_(table.weight, std=0.1)
             head_in += 2 * c.identity_match_dim
         self.head = nn.Sequential(
             nn.Linear(head_in, c.head_hidden),
