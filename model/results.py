@@ -2,7 +2,8 @@
 
     python -m model.results --data ../shared/data --out runs/results --doc docs/RESULTS.md
         [--datasets uci,canparl,uslegis,mooc,wikipedia] [--epochs N] [--max-train-events N]
-        [--no-ablation] [--no-baselines] [--mrr-k K] [--reuse] [--render-only]
+        [--no-ablation | --variants full,state_only,features_only] [--no-baselines] [--mrr-k K]
+        [--reuse] [--render-only]
 
 Per dataset (folder ``OUT/<name>/``):
 
@@ -90,7 +91,7 @@ def _log(msg: str) -> None:
 
 
 def run_dataset(
-    name: str, data_root: Path, out_root: Path, budget: dict[str, Any], ablation: bool, baselines: bool, reuse: bool
+    name: str, data_root: Path, out_root: Path, budget: dict[str, Any], wanted: Sequence[str], baselines: bool, reuse: bool
 ) -> dict[str, Any]:
     data_path = data_root / name / "edges.csv.gz"
     out = out_root / name
@@ -105,10 +106,12 @@ def run_dataset(
     data, split = load_data(data_path)
     kw = dict(epochs=budget["epochs"], patience=budget["patience"], max_train_events=budget["max_train_events"], progress=False)
     base = budget.get("config", {})
-    variants = [("full", dict(base))]
-    if ablation:
-        variants += [("state_only", {**base, "use_pair_features": False, "identity_match_dim": 0}), ("features_only", {**base, "use_state": False})]
-    for variant, cfg in variants:
+    variants = {
+        "full": dict(base),
+        "state_only": {**base, "use_pair_features": False, "identity_match_dim": 0},
+        "features_only": {**base, "use_state": False},
+    }
+    for variant, cfg in ((v, variants[v]) for v in wanted):
         vdir = out / variant
         if not (reuse and (vdir / "metrics.json").exists() and variant in summary.get("variants", {})):
             _log(f"{name}/{variant}: training ({budget})")
@@ -353,12 +356,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=None, help="override every dataset's epoch budget")
     ap.add_argument("--max-train-events", type=int, default=None, help="override: train on the last N training events")
     ap.add_argument("--mrr-k", type=int, default=None)
-    ap.add_argument("--no-ablation", action="store_true")
+    ap.add_argument("--no-ablation", action="store_true", help="the full model only (same as --variants full)")
+    ap.add_argument("--variants", default="full,state_only,features_only", help="which models to train and evaluate")
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--reuse", action="store_true", help="skip steps whose outputs already exist")
     ap.add_argument("--render-only", action="store_true", help="only rewrite the document from existing summaries")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
+    unknown = set(args.variants.split(",")) - {"full", "state_only", "features_only", ""}
+    if unknown:
+        ap.error(f"unknown variant(s) {sorted(unknown)}")
     torch.set_num_threads(args.threads)
     out_root, names = Path(args.out), [d for d in args.datasets.split(",") if d]
     if not args.render_only:
@@ -370,7 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 budget["max_train_events"] = args.max_train_events
             if args.mrr_k is not None:
                 budget["mrr_k"] = args.mrr_k
-            run_dataset(name, Path(args.data), out_root, budget, not args.no_ablation, not args.no_baselines, args.reuse)
+            wanted = ["full"] if args.no_ablation else [v for v in args.variants.split(",") if v]
+            run_dataset(name, Path(args.data), out_root, budget, wanted, not args.no_baselines, args.reuse)
             _render_all(names, out_root, Path(args.doc))
     _render_all(names, out_root, Path(args.doc))
     print(f"wrote {args.doc}")

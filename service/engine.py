@@ -73,9 +73,14 @@ class ModelRuntime:
 
             # Same surface as the torch model for model.streaming; refuses a stale export.
             self.model = OnnxLinkModel.from_loaded(checkpoint, onnx_dir=onnx_dir)
+            # Scoring runs the ONNX read-out/head graph (about 2.5x torch's speed per
+            # call); state updates keep torch's rank-major kernel, which applies a batch
+            # in one pass where the ONNX step graph runs once per event rank (half the
+            # ingest rate, docs/ONNX.md). Both are tested equal to the plain step.
+            self.advance_model = checkpoint.model
         else:
             self.device = resolve_device(device)
-            self.model = checkpoint.model.to(self.device)
+            self.model = self.advance_model = checkpoint.model.to(self.device)
         self.config = checkpoint.config
         self.version = checkpoint.version
         self.codec = StateCodec(self.config, self.version)
@@ -104,7 +109,7 @@ class ModelRuntime:
         neighbour list, return the new blobs."""
         states, lists = self.decode(blobs)
         per_node = [[x for e in events for x in node_events(node, e)] for node, events in zip(nodes, new_events, strict=True)]
-        new = advance(self.model, states.to(self.device), per_node).to("cpu")
+        new = advance(self.advance_model, states.to(self.device), per_node).to("cpu")
         return dict(zip(nodes, self.codec.encode_many(new, lists.extended(per_node)), strict=True))
 
 
