@@ -53,8 +53,9 @@ class ModelConfig(BaseModel):
         0,
         ge=0,
         description="width of the learned match between each endpoint's hashed id and the other"
-        " endpoint's last neighbour (0 = off); needs node_hash_buckets",
+        " endpoint's latest neighbours (0 = off); needs node_hash_buckets",
     )
+    identity_match_depth: int = Field(1, ge=1, description="how many of the other endpoint's latest neighbours it matches")
     head_hidden: int = Field(64, ge=1)
     use_state: bool = Field(True, description="ablation switch: SSM node states in the head")
     use_pair_features: bool = Field(True, description="ablation switch: pair/activity features")

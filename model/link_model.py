@@ -10,8 +10,8 @@ with a linear map of the decayed states, and feeds both read-outs plus the pair
 features (``pair_features``) to an MLP head. Scoring never writes state.
 
 With ``identity_match_dim`` the head also gets, per direction, the elementwise
-product of a learned embedding of one endpoint's hashed id and one of the other
-endpoint's last neighbour: a low-rank "who follows whom" table (item after item on
+product of a learned embedding of one endpoint's hashed id and embeddings of the other
+endpoint's latest neighbours: a low-rank "who follows whom" table (item after item on
 MOOC) that the states cannot hold, because a node's state is built from its
 neighbours' ids, never its own.
 """
@@ -71,13 +71,19 @@ class DygMambaLinkModel(nn.Module):
         if c.use_pair_features:
             head_in += PAIR_FEATURE_DIM
         if c.identity_match_dim:
-            self.match_self = nn.Embedding(c.node_hash_buckets, c.identity_match_dim)
-            self.match_previous = nn.Embedding(c.node_hash_buckets, c.identity_match_dim)
+            # Separate tables per direction: on a bipartite graph (students x items) the
+            # first direction only ever indexes items and the second only students, so
+            # their hashed ids never share a row. One "before" table per neighbour rank.
+            d, b, k = c.identity_match_dim, c.node_hash_buckets, c.identity_match_depth
+            self.match_dst = nn.Embedding(b, d)
+            self.match_src = nn.Embedding(b, d)
+            self.match_before_dst = nn.ModuleList(nn.Embedding(b, d) for _ in range(k))
+            self.match_before_src = nn.ModuleList(nn.Embedding(b, d) for _ in range(k))
             # Small start: with Adam every entry moves ~lr per step whatever its scale,
-            # so from N(0, 1) the table would stay mostly noise for thousands of steps.
-            for table in (self.match_self, self.match_previous):
+            # so from N(0, 1) the tables would stay mostly noise for thousands of steps.
+            for table in (self.match_dst, self.match_src, *self.match_before_dst, *self.match_before_src):
                 nn.init.normal_(table.weight, std=0.1)
-            head_in += 2 * c.identity_match_dim
+            head_in += 2 * d
         self.head = nn.Sequential(
             nn.Linear(head_in, c.head_hidden),
             nn.ReLU(),
@@ -213,15 +219,25 @@ class DygMambaLinkModel(nn.Module):
 
     def identity_match(self, ids: torch.Tensor) -> torch.Tensor:
         """(N, 2 * identity_match_dim) from ``pair_identity_keys`` rows: v against u's
-        last neighbour, then u against v's; zero where there is no last neighbour."""
-        buckets = self.config.node_hash_buckets
+        latest neighbours, then u against v's. Each side is the product of the node's
+        own embedding and the sum of its counterpart's neighbours' embeddings (one table
+        per rank, newest first; an empty rank adds nothing)."""
+        buckets, k = self.config.node_hash_buckets, self.config.identity_match_depth
 
-        def match(own: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
-            e_own = self.match_self(torch.remainder(own, buckets))
-            e_prev = self.match_previous(torch.remainder(previous.clamp(min=0), buckets))
-            return e_own * e_prev * (previous >= 0).unsqueeze(-1).to(e_own.dtype)
+        def match(own_table: nn.Embedding, own: torch.Tensor, before: nn.ModuleList, previous: torch.Tensor) -> torch.Tensor:
+            e_prev = sum(
+                table(torch.remainder(previous[:, r].clamp(min=0), buckets)) * (previous[:, r] >= 0).unsqueeze(-1).to(torch.float32)
+                for r, table in enumerate(before)
+            )
+            return own_table(torch.remainder(own, buckets)) * e_prev
 
-        return torch.cat([match(ids[:, 1], ids[:, 2]), match(ids[:, 0], ids[:, 3])], dim=-1)
+        return torch.cat(
+            [
+                match(self.match_dst, ids[:, 1], self.match_before_dst, ids[:, 2 : 2 + k]),
+                match(self.match_src, ids[:, 0], self.match_before_src, ids[:, 2 + k : 2 + 2 * k]),
+            ],
+            dim=-1,
+        )
 
     def head_logit(
         self,

@@ -39,7 +39,7 @@ from .onnx_export import (
     STEP_OUTPUTS,
     export_loaded,
 )
-from .pair_features import PAIR_FEATURE_DIM, PAIR_ID_COLUMNS
+from .pair_features import PAIR_FEATURE_DIM, pair_id_columns
 
 PREFERRED_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
@@ -226,7 +226,7 @@ class OnnxLinkModel:
         if pair_ids is None:
             if self.config.identity_match_dim:
                 raise ValueError("this model matches node ids: pass pair_ids")
-            ids_np = np.zeros((n, PAIR_ID_COLUMNS), dtype=np.int64)  # unused by the graph
+            ids_np = np.zeros((n, pair_id_columns(self.config.identity_match_depth)), dtype=np.int64)  # unused by the graph
         else:
             ids_np = _np(pair_ids, np.int64)
         feed = {

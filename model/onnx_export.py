@@ -20,7 +20,7 @@ Two graphs, both with a dynamic batch dimension ``batch`` (one row per node or p
   decay to tau (float64 gap, clamped at 0), read-out, head.
 
   inputs  h_u, t_last_u, h_v, t_last_v, tau (N,) f64, pair (N, 11) f32,
-          pair_ids (N, 4) i64
+          pair_ids (N, 2 + 2 * identity_match_depth) i64
   outputs logits (N,) f32
 
   An input the config does not use (``other_key`` with ``node_hash_buckets = 0``;
@@ -67,7 +67,7 @@ from torch import nn
 from .checkpoint import LoadedCheckpoint, load_checkpoint
 from .link_model import DygMambaLinkModel, EventInputs
 from .node_state import NO_TIME, NodeStates
-from .pair_features import PAIR_FEATURE_DIM, PAIR_ID_COLUMNS
+from .pair_features import PAIR_FEATURE_DIM, pair_id_columns
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "dygserve-onnx/1"
@@ -165,8 +165,8 @@ def sample_readout_inputs(model: DygMambaLinkModel, n: int = _SAMPLE_N, seed: in
     t_u[::3] = NO_TIME
     t_v[1::4] = NO_TIME
     tau = torch.rand(n, generator=g, dtype=torch.float64) * 200.0 * scale + 1.0e6  # some before t_last
-    pair_ids = torch.randint(0, 2**62, (n, PAIR_ID_COLUMNS), generator=g, dtype=torch.int64)
-    pair_ids[::2, 2] = pair_ids[1::3, 3] = -1  # no last neighbour
+    pair_ids = torch.randint(0, 2**62, (n, pair_id_columns(c.identity_match_depth)), generator=g, dtype=torch.int64)
+    pair_ids[::2, 2] = pair_ids[1::3, -1] = -1  # no (or no older) neighbour
     return {
         "h_u": torch.randn(n, c.n_layers, c.d_inner, c.d_state, generator=g),
         "t_last_u": t_u,

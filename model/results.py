@@ -81,7 +81,7 @@ BUDGETS: dict[str, dict[str, Any]] = {
     "wikipedia": {"epochs": 3, "patience": 2, "max_train_events": None, "mrr_k": 5},
     # MOOC: students x 97 course items. Which item follows a student's last one is most
     # of the signal (docs/results/mooc-experiments.md), hence the identity match.
-    "mooc": {"epochs": 8, "patience": 2, "max_train_events": None, "mrr_k": 5, "config": {"identity_match_dim": 128, "neighbour_list_len": 128}},
+    "mooc": {"epochs": 8, "patience": 2, "max_train_events": None, "mrr_k": 5, "config": {"identity_match_dim": 128, "identity_match_depth": 3, "neighbour_list_len": 128}},
 }
 FULL_PROTOCOL_EPOCHS = 100
 

@@ -151,7 +151,9 @@ def score(
         )  # fmt: skip
     ids = None
     if model.config.identity_match_dim:
-        ids = pair_identity_keys(key_u, key_v, tau, nu.keys, nu.times, nv.keys, nv.times)
+        ids = pair_identity_keys(
+            key_u, key_v, tau, nu.keys, nu.times, nv.keys, nv.times, model.config.identity_match_depth
+        )
     return model.score_states(su, sv, tau.to(torch.float64), pair, ids)
 
 
@@ -184,7 +186,9 @@ def score_nodes(
         )  # fmt: skip
     ids = None
     if cfg.identity_match_dim:
-        ids = pair_identity_keys(keys[iu], keys[iv], tau, lists.keys[iu], lists.times[iu], lists.keys[iv], lists.times[iv])
+        ids = pair_identity_keys(
+            keys[iu], keys[iv], tau, lists.keys[iu], lists.times[iu], lists.keys[iv], lists.times[iv], cfg.identity_match_depth
+        )
     if not cfg.use_state:
         return model.head_logit(None, None, pair, ids)
     if len(tau) and bool((tau == tau[0]).all()):

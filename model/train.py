@@ -223,7 +223,8 @@ class EpochRunner:
 
             def pid(a_sl: slice, b_sl: slice) -> torch.Tensor:
                 return pair_identity_keys(
-                    keys[a_sl], keys[b_sl], tau, lists.keys[a_sl], lists.times[a_sl], lists.keys[b_sl], lists.times[b_sl]
+                    keys[a_sl], keys[b_sl], tau, lists.keys[a_sl], lists.times[a_sl], lists.keys[b_sl], lists.times[b_sl],
+                    cfg.identity_match_depth,
                 )
 
             ids = torch.cat([pid(su, sv), pid(su, sn)])

@@ -102,10 +102,10 @@ def recompute_scores(engine: Engine, pairs: list[tuple[str, str, float]], window
         tau = torch.tensor([t for _, _, t in pairs for _ in (0, 1)], dtype=torch.float64)
         z = model.node_readout(states.h, states.t_last, tau)
         # Pair features cost the same in both variants; zeros keep the head's shape.
-        from model.pair_features import PAIR_FEATURE_DIM, PAIR_ID_COLUMNS
+        from model.pair_features import PAIR_FEATURE_DIM, pair_id_columns
 
         pair = torch.zeros(len(pairs), PAIR_FEATURE_DIM) if rt.config.use_pair_features else None
-        ids = torch.zeros(len(pairs), PAIR_ID_COLUMNS, dtype=torch.int64) if rt.config.identity_match_dim else None
+        ids = torch.zeros(len(pairs), pair_id_columns(rt.config.identity_match_depth), dtype=torch.int64) if rt.config.identity_match_dim else None
         return model.head_logit(z[0::2], z[1::2], pair, ids)
 
 

@@ -46,7 +46,7 @@ N_EVENTS, BATCH = 2000, 100
 @pytest.fixture(scope="module")
 def small_checkpoint(tmp_path_factory) -> Path:
     torch.manual_seed(0)
-    model = DygMambaLinkModel(ModelConfig(edge_feature_dim=2, n_layers=2, d_model=16, d_state=8, identity_match_dim=8))
+    model = DygMambaLinkModel(ModelConfig(edge_feature_dim=2, n_layers=2, d_model=16, d_state=8, identity_match_dim=8, identity_match_depth=2))
     path = tmp_path_factory.mktemp("small") / "ck"
     save_checkpoint(path, model)
     return path

@@ -1,7 +1,7 @@
 """``pair_features`` (vectorised, used by trainer and service) against a plain Python
 twin written from its docstring, on random lists with repeats, padding, entries at or
 after the query time, and a pair of nodes that list each other. Likewise the last
-visible neighbour that the identity match reads."""
+visible neighbours that the identity match reads."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from model.config import TimeNormalisation
 from model.node_state import PAD_KEY
-from model.pair_features import PAIR_FEATURE_DIM, last_visible_neighbour, pair_features
+from model.pair_features import PAIR_FEATURE_DIM, latest_visible_neighbours, pair_features
 
 NORM = TimeNormalisation(scale=3.0, log_mean=0.4, log_std=1.7)
 
@@ -70,18 +70,20 @@ def test_pair_features_match_the_plain_twin():
     assert (got[:, 2] > 0).any() and (got[:, 4] == 1).any() and (got[:, 4] == 0).any()  # cases exercised
 
 
-def test_last_visible_neighbour_matches_the_plain_twin():
+def test_latest_visible_neighbours_match_the_plain_twin():
     gen = torch.Generator().manual_seed(5)
-    n, length = 200, 7
+    n, length, depth = 200, 7, 3
     nbr = torch.randint(0, 1000, (n, length), generator=gen)
     times = torch.sort(torch.rand(n, length, generator=gen, dtype=torch.float64) * 20, dim=1).values  # oldest first
     nbr[torch.rand(n, length, generator=gen) < 0.3] = PAD_KEY
     tau = torch.rand(n, generator=gen, dtype=torch.float64) * 22
     tau[0] = times[0, 3]  # an entry exactly at tau is not visible
-    got = last_visible_neighbour(nbr, times, tau)
+    got = latest_visible_neighbours(nbr, times, tau, depth)
     want = []
     for i in range(n):
         seen = [k for k, t in zip(nbr[i].tolist(), times[i].tolist(), strict=True) if k != PAD_KEY and t < tau[i]]
-        want.append(seen[-1] if seen else PAD_KEY)
+        newest_first = seen[::-1][:depth]
+        want.append(newest_first + [PAD_KEY] * (depth - len(newest_first)))
     assert got.tolist() == want
-    assert PAD_KEY in want and sum(k != PAD_KEY for k in want) > n // 2  # both cases exercised
+    assert any(row[0] == PAD_KEY for row in want) and any(PAD_KEY not in row for row in want)  # both cases exercised
+    assert any(row[0] != PAD_KEY and row[-1] == PAD_KEY for row in want)  # fewer visible than depth

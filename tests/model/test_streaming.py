@@ -118,7 +118,7 @@ def test_rank_plan_layout():
 
 
 @pytest.mark.parametrize("same_time", [True, False])
-@pytest.mark.parametrize("variant", [{}, {"use_pair_features": False}, {"use_state": False}, {"identity_match_dim": 8}])
+@pytest.mark.parametrize("variant", [{}, {"use_pair_features": False}, {"use_state": False}, {"identity_match_dim": 8}, {"identity_match_dim": 8, "identity_match_depth": 3}])
 def test_score_nodes_equals_score_of_gathered_pairs(same_time, variant):
     """The service's indexed scoring (each node read out once) against ``score`` on
     states copied out per pair, with repeated nodes, never-seen nodes and queries

@@ -30,7 +30,7 @@ def uci_path(data_dir):
 @pytest.fixture(scope="module")
 def trained(uci_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt")
-    version = train(uci_path, out, {"d_model": 16, "d_state": 8, "identity_match_dim": 8}, epochs=1, max_events=N_EVENTS, progress=False, window=8)
+    version = train(uci_path, out, {"d_model": 16, "d_state": 8, "identity_match_dim": 8, "identity_match_depth": 2}, epochs=1, max_events=N_EVENTS, progress=False, window=8)
     return out, version
 
 
