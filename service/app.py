@@ -93,6 +93,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         app.state.ready = False
         task.cancel()
+        await store.aclose()
         store.close()
 
     app = FastAPI(
@@ -104,7 +105,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     # One scoring call in flight; requests that arrive meanwhile share the next one.
-    batcher = ScoreBatcher(lambda: app.state.engine, max_pairs=max(settings.max_score_pairs, settings.max_rank_candidates))
+    batcher = ScoreBatcher(
+        lambda: app.state.engine,
+        max_pairs=max(settings.max_score_pairs, settings.max_rank_candidates),
+        loop_max_pairs=settings.loop_score_max_pairs,
+    )
     background: set[asyncio.Task] = set()
     app.add_middleware(InFlightMiddleware, limit=settings.max_in_flight)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

@@ -8,6 +8,12 @@ queued, and the next call scores all of them together (``Engine.score_pairs`` is
 vectorised over pairs). There is no waiting timer: an idle service scores a lone
 request at once, a busy one amortises the fixed cost over everything that queued
 (the adaptive batching of model servers such as Triton, without the delay knob).
+
+A call of at most ``loop_max_pairs`` pairs first tries ``Engine.score_pairs_on_loop``:
+the state read is awaited and the few-pair read-out (well under a millisecond) runs
+on the loop, so a lone GET does not wait for a worker thread to wake, block on Redis,
+and wake the loop again. Anything that path cannot do (cold or unknown nodes, pairs
+without a time, a store without awaited reads) goes to the worker thread as before.
 """
 
 from __future__ import annotations
@@ -31,9 +37,10 @@ class _Waiting:
 
 
 class ScoreBatcher:
-    def __init__(self, engine: Callable[[], Engine], max_pairs: int = 8192) -> None:
+    def __init__(self, engine: Callable[[], Engine], max_pairs: int = 8192, loop_max_pairs: int = 0) -> None:
         self._engine = engine
         self.max_pairs = max_pairs
+        self.loop_max_pairs = loop_max_pairs
         self._queue: list[_Waiting] = []
         self._draining = False
 
@@ -65,7 +72,9 @@ class ScoreBatcher:
                 pairs = [p for w in live for p in w.pairs]
                 metrics.BATCH_SIZE.labels(kind="score_call").observe(len(pairs))
                 try:
-                    scored, version = await run_in_threadpool(self._engine().score_pairs, pairs)
+                    engine = self._engine()
+                    done = await engine.score_pairs_on_loop(pairs) if len(pairs) <= self.loop_max_pairs else None
+                    scored, version = done if done is not None else await run_in_threadpool(engine.score_pairs, pairs)
                 except Exception as exc:  # the store or the model failed: every request in it
                     for w in live:
                         if not w.future.done():

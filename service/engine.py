@@ -122,6 +122,11 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def distinct_nodes(pairs: list[tuple[str, str, float | None]]) -> list[str]:
+    """The pairs' nodes, each once (sources first), in a stable order."""
+    return list(dict.fromkeys([p[0] for p in pairs] + [p[1] for p in pairs]))
+
+
 def node_events(node: str, e: LoggedEvent) -> list[NodeEvent]:
     """The logged event as seen from ``node``. A self-loop (u, u) is two entries for u
     (in its state and its neighbour list), the source's then the destination's, as the
@@ -268,9 +273,43 @@ class Engine:
             with timed_store("clock"):
                 default_t = self.store.last_event_time()
             default_t = 0.0 if default_t is None else default_t
-        nodes = list(dict.fromkeys([p[0] for p in pairs] + [p[1] for p in pairs]))
-        pos = {n: i for i, n in enumerate(nodes)}
+        nodes = distinct_nodes(pairs)
         states, lists, inductive = self.load_states(rt, nodes)
+        return self._score(rt, pairs, nodes, states, lists, inductive, default_t), rt.version
+
+    async def score_pairs_on_loop(
+        self, pairs: list[tuple[str, str, float | None]]
+    ) -> tuple[list[ScoredPair], str] | None:
+        """``score_pairs`` on the event loop, for a few pairs: an awaited state read (no
+        worker thread to wake and wait for), then the read-out in place.
+
+        None where it does not apply, and the caller takes ``score_pairs`` in a worker
+        thread: a store without non-blocking reads, a pair without a time (the clock is
+        another read), or a node with no cached state (a cold rebuild or an unknown node
+        needs its history).
+        """
+        rt = self.runtime
+        if not pairs or not self.store.async_reads or any(t is None for _, _, t in pairs):
+            return None
+        nodes = distinct_nodes(pairs)
+        with timed_store("read_states"):
+            blobs = await self.store.read_states_async(rt.version, nodes)
+        if any(b is None for b in blobs):
+            return None
+        states, lists = rt.decode(blobs)
+        return self._score(rt, pairs, nodes, states, lists, np.zeros(len(nodes), dtype=bool), None), rt.version
+
+    def _score(
+        self,
+        rt: ModelRuntime,
+        pairs: list[tuple[str, str, float | None]],
+        nodes: list[str],
+        states: NodeStates,
+        lists: NeighbourLists,
+        inductive: np.ndarray,
+        default_t: float | None,
+    ) -> list[ScoredPair]:
+        pos = {n: i for i, n in enumerate(nodes)}
         iu = torch.tensor([pos[s] for s, _, _ in pairs])
         iv = torch.tensor([pos[d] for _, d, _ in pairs])
         tau = torch.tensor([default_t if t is None else t for _, _, t in pairs], dtype=torch.float64)
@@ -291,7 +330,7 @@ class Engine:
             age_v = t - tl_v[k] if math.isfinite(tl_v[k]) else None
             clamped = (age_u is not None and age_u < 0) or (age_v is not None and age_v < 0)
             out.append(ScoredPair(s, d, t, lg[k], age_u, age_v, ind[pos[s]], ind[pos[d]], clamped))
-        return out, rt.version
+        return out
 
     # ----- introspection -------------------------------------------------------------
     def node_summary(self, node: str) -> dict:

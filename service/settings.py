@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     max_score_pairs: int = Field(10_000, ge=1)
     max_rank_candidates: int = Field(10_000, ge=1)
     max_in_flight: int = Field(64, ge=1, description="requests in progress beyond this get 503")
+    loop_score_max_pairs: int = Field(
+        16, ge=0, description="score calls up to this many pairs run on the event loop after an awaited read (0 = never)"
+    )
 
     late_policy: Literal["reject"] = Field("reject", description="what happens to an event older than a node's last event")
     max_future_skew: float | None = Field(None, ge=0, description="reject events this far beyond the latest event time")

@@ -154,6 +154,18 @@ class StateStore(abc.ABC):
     def last_event_time(self) -> float | None:
         """The latest event time logged so far (the service's event-time clock)."""
 
+    # ---- for the event loop ----
+    # True where ``read_states_async`` never blocks the loop. Small score requests then
+    # read and score on the loop itself instead of in a worker thread (service.batcher).
+    async_reads: bool = False
+
+    async def read_states_async(self, version: str, nodes: list[str]) -> list[bytes | None]:
+        """``read_states`` awaited on the event loop (only where ``async_reads``)."""
+        raise NotImplementedError(f"{type(self).__name__} reads states in blocking calls only")
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook: nothing to release by default
+        """Release what ``read_states_async`` opened (on the loop that used it)."""
+
     # ---- housekeeping ----
     @abc.abstractmethod
     def ping(self) -> bool: ...

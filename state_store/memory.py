@@ -66,6 +66,12 @@ class InMemoryStore(StateStore):
             now = self._clock()
             return [self._get((version, n), now) for n in nodes]
 
+    # In process: a read is a few dict lookups (the lock is only ever held for such).
+    async_reads = True
+
+    async def read_states_async(self, version: str, nodes: list[str]) -> list[bytes | None]:
+        return self.read_states(version, nodes)
+
     def write_states(
         self, version: str, blobs: dict[str, bytes], expected: dict[str, tuple[float, int] | None]
     ) -> WriteOutcome:

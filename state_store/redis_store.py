@@ -30,6 +30,7 @@ costs one round trip per master it touches (log methods: exactly one).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import struct
@@ -38,6 +39,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import redis
+import redis.asyncio
+import redis.asyncio.retry
 import redis.exceptions as rex
 from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
@@ -350,6 +353,10 @@ class RedisStore(StateStore):
         self._scripts = {"append": APPEND_LUA, "cas": CAS_LUA, "mark": MARK_LUA, "read_log": READ_LOG_LUA}
         self._sha = {k: hashlib.sha1(v.encode()).hexdigest() for k, v in self._scripts.items()}
         self._loaded = False
+        # A single server also serves awaited reads (a cluster client routes by slot
+        # and stays blocking-only); its asyncio client is bound to the loop that made it.
+        self.async_reads = not self.cluster
+        self._async: tuple[asyncio.AbstractEventLoop, Any] | None = None
 
     # ---- keys ------------------------------------------------------------------------
     def state_key(self, version: str, node: str) -> bytes:
@@ -392,6 +399,39 @@ class RedisStore(StateStore):
         if self.cluster:
             return list(self._r.mget_nonatomic(keys))
         return list(self._r.execute_command("MGET", *keys))
+
+    def _async_client(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._async is None or self._async[0] is not loop:
+            client = redis.asyncio.Redis.from_url(
+                self.config.url,
+                socket_timeout=self.config.socket_timeout,
+                socket_connect_timeout=self.config.socket_timeout,
+                retry=redis.asyncio.retry.Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),  # as the blocking client
+                decode_responses=False,
+            )
+            self._async = (loop, client)
+        return self._async[1]
+
+    async def read_states_async(self, version: str, nodes: list[str]) -> list[bytes | None]:
+        if not self.async_reads:
+            raise NotImplementedError("a Redis Cluster store reads states in blocking calls only")
+        if not nodes:
+            return []
+        keys = [self.state_key(version, n) for n in nodes]
+        try:
+            return list(await self._async_client().execute_command("MGET", *keys))
+        except _UNAVAILABLE as e:
+            raise StoreUnavailable(f"state store unavailable: {type(e).__name__}: {e}") from e
+
+    async def aclose(self) -> None:
+        if self._async is not None:
+            _, client = self._async
+            self._async = None
+            try:
+                await client.aclose()
+            except Exception:  # pragma: no cover - closing a dead connection
+                pass
 
     @_guard
     def write_states(

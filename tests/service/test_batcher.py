@@ -78,3 +78,57 @@ def test_a_failed_call_fails_every_request_in_it() -> None:
 
     results = asyncio.run(two())
     assert all(isinstance(r, StoreUnavailable) for r in results), results
+
+
+@pytest.fixture(scope="module")
+def redis_engine(redis_server) -> CountingEngine:
+    eng = CountingEngine(ModelRuntime(load_checkpoint(DEFAULT_CHECKPOINT)), make_store(redis_server.url))
+    eng.calls = []
+    events = [{"src": e.src, "dst": e.dst, "t": e.t} for e in uci_events(2000)]
+    for lo in range(0, len(events), 500):
+        eng.ingest(events[lo : lo + 500])
+    return eng
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_small_calls_score_on_the_loop_with_the_same_numbers(store, request) -> None:
+    engine = request.getfixturevalue("engine" if store == "memory" else "redis_engine")
+    requests = _requests(engine, 12)
+    want = [engine.score_pairs(r)[0] for r in requests]
+    engine.calls = []
+    batcher = ScoreBatcher(lambda: engine, max_pairs=64, loop_max_pairs=16)
+
+    async def one_by_one():
+        out = [await batcher.score(r) for r in requests]
+        await engine.store.aclose()
+        return out
+
+    got = asyncio.run(one_by_one())
+    for w, (g, version) in zip(want, got, strict=True):
+        assert version == engine.runtime.version
+        assert [(p.src, p.dst, p.t, p.src_age, p.dst_age, p.src_inductive) for p in g] == [
+            (p.src, p.dst, p.t, p.src_age, p.dst_age, p.src_inductive) for p in w
+        ]
+        assert max(abs(a.logit - b.logit) for a, b in zip(g, w, strict=True)) == 0.0
+    assert engine.calls == []  # no worker-thread call: every node had a cached state
+
+
+def test_what_the_loop_cannot_score_goes_to_a_worker(redis_engine: CountingEngine) -> None:
+    """Unknown nodes (their history must be read), pairs without a time (the clock is
+    another read) and calls above the limit take the blocking path, with its answers."""
+    known = _requests(redis_engine, 1)[0][0]
+    unknown = [("never-seen-node", known[1], 5e6)]
+    no_time = [(known[0], known[1], None)]
+    big = [p for r in _requests(redis_engine, 10) for p in r][:17]
+    redis_engine.calls = []
+    batcher = ScoreBatcher(lambda: redis_engine, max_pairs=64, loop_max_pairs=16)
+
+    async def each():
+        out = [await batcher.score(r) for r in (unknown, no_time, big)]
+        await redis_engine.store.aclose()
+        return out
+
+    (u, _), (n, _), (b, _) = asyncio.run(each())
+    assert redis_engine.calls == [1, 1, 17]
+    assert u[0].src_inductive and not u[0].dst_inductive
+    assert n[0].t == redis_engine.store.last_event_time() and len(b) == 17

@@ -3,6 +3,7 @@ server and a real 3-master Redis Cluster."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import struct
@@ -302,6 +303,34 @@ def test_float64_round_trips_bit_exactly(make, ts, feats) -> None:
 # ---- errors and the factory ------------------------------------------------------------------
 
 
+def test_awaited_reads_equal_blocking_reads(make, backend) -> None:
+    """The event loop's read (small score calls) sees exactly what the blocking read sees;
+    a cluster store has none and says so, so the caller takes the blocking path."""
+    s = make()
+    blobs = {"a": blob(1.0, 1, 0), "b": blob(2.0, 2, 7)}
+    s.write_states(V1, blobs, dict.fromkeys(blobs))
+    nodes = ["b", "missing", "a"]
+    assert s.read_states(V1, nodes) == [blobs["b"], None, blobs["a"]]
+    assert s.async_reads is (backend != "cluster")
+    if not s.async_reads:
+        with pytest.raises(NotImplementedError):
+            asyncio.run(s.read_states_async(V1, nodes))
+        return
+
+    async def twice_on_one_loop_then_close():
+        first = await s.read_states_async(V1, nodes)
+        s.write_states(V1, {"a": blob(5.0, 9, 0)}, {"a": read_watermark(blobs["a"])})  # a newer blob is seen at once
+        second = await s.read_states_async(V1, ["a", "b"])
+        empty = await s.read_states_async(V1, [])
+        await s.aclose()
+        return first, second, empty
+
+    first, second, empty = asyncio.run(twice_on_one_loop_then_close())
+    assert first == [blobs["b"], None, blobs["a"]]
+    assert second == [blob(5.0, 9, 0), blobs["b"]] and empty == []
+    assert asyncio.run(s.read_states_async(V1, ["b"])) == [blobs["b"]]  # a new loop gets its own client
+
+
 def test_ping(make) -> None:
     assert make().ping() is True
 
@@ -318,6 +347,8 @@ def test_unreachable_redis_raises_store_unavailable() -> None:
     ):
         with pytest.raises(StoreUnavailable):
             call()
+    with pytest.raises(StoreUnavailable):
+        asyncio.run(s.read_states_async(V1, ["a"]))
     with pytest.raises(StoreUnavailable):
         make_store(f"redis+cluster://127.0.0.1:{port}", socket_timeout=0.5)
 
