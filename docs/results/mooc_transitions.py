@@ -1,0 +1,78 @@
+"""How much of MOOC is "which item follows the student's last one"? A causal heuristic.
+
+Walks MOOC in time order and keeps item-to-item transition counts of each student's
+consecutive items, learned online from every event strictly before the query (no
+model, no training split). Each sampled validation/test event is scored against one
+random item (DyGLib's random negatives on a bipartite graph) by
+
+* order 1: P(v | the student's last item), add-0.1 smoothed;
+* order 1 + 2: the same plus 3 x P(v | the last two items).
+
+and the AP of positives over negatives is printed. This is the analysis behind the
+identity match (``ModelConfig.identity_match_dim``), see mooc-experiments.md.
+
+    python docs/results/mooc_transitions.py [--data ../shared/data/mooc/edges.csv.gz]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+
+import numpy as np
+
+
+def average_precision(pos: np.ndarray, neg: np.ndarray) -> float:
+    y = np.r_[np.ones(len(pos)), np.zeros(len(neg))]
+    order = np.argsort(-np.r_[pos, neg], kind="stable")
+    hits = y[order]
+    precision = np.cumsum(hits) / np.arange(1, len(hits) + 1)
+    return float((precision * hits).sum() / hits.sum())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default="../shared/data/mooc/edges.csv.gz")
+    ap.add_argument("--every", type=int, default=3, help="score every k-th event of validation and test")
+    args = ap.parse_args()
+    with gzip.open(args.data, "rt") as f:
+        rows = np.loadtxt(f, delimiter=",", skiprows=1, usecols=(0, 1, 2))
+    src, dst, ts = rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64), rows[:, 2]
+    q70, q85 = np.quantile(ts, [0.70, 0.85])  # DyGLib's chronological split
+    items = np.unique(dst)
+    rng = np.random.default_rng(0)
+    first: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    second: dict[tuple[int, int], collections.Counter] = collections.defaultdict(collections.Counter)
+    last: dict[int, int] = {}
+    before_last: dict[int, int] = {}
+    scores: dict[str, list[list[float]]] = {"validation": [[], [], [], []], "test": [[], [], [], []]}
+
+    def p(counts: collections.Counter, v: int) -> float:
+        return (counts[v] + 0.1) / (sum(counts.values()) + 1.0)
+
+    for i in range(len(src)):
+        u, v, t = int(src[i]), int(dst[i]), ts[i]
+        part = "validation" if q70 <= t < q85 else "test" if t >= q85 else None
+        if part and i % args.every == 0 and u in last:
+            neg = int(rng.choice(items))
+            c1, c2 = first[last[u]], second[(before_last.get(u, -1), last[u])]
+            s = scores[part]
+            s[0].append(p(c1, v))
+            s[1].append(p(c1, neg))
+            s[2].append(p(c1, v) + 3 * p(c2, v))
+            s[3].append(p(c1, neg) + 3 * p(c2, neg))
+        if u in last:  # learn only after scoring: a query never sees its own event
+            first[last[u]][v] += 1
+            if u in before_last:
+                second[(before_last[u], last[u])][v] += 1
+            before_last[u] = last[u]
+        last[u] = v
+    for part, s in scores.items():
+        a1 = average_precision(np.array(s[0]), np.array(s[1]))
+        a12 = average_precision(np.array(s[2]), np.array(s[3]))
+        print(f"{part}: order 1 AP {a1:.4f}, order 1 + 2 AP {a12:.4f} ({len(s[0])} positives)")
+
+
+if __name__ == "__main__":
+    main()
