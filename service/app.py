@@ -23,6 +23,7 @@ from . import metrics
 from .auth import require_api_key
 from .batcher import ScoreBatcher
 from .engine import Engine, ModelRuntime, RequestRefused
+from .gc_tuning import freeze_startup_objects, refreeze
 from .limits import BodyLimitMiddleware, InFlightMiddleware
 from .malloc_tuning import keep_freed_memory
 from .schemas import (
@@ -86,6 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             await run_in_threadpool(engine.redrive)
             await run_in_threadpool(engine.score_pairs, [("__warmup_a__", "__warmup_b__", 0.0)])
+            freeze_startup_objects()  # no full GC pass walks the model and framework again
             app.state.ready = True
         except StoreUnavailable:
             log.warning("store unavailable at start; will retry the re-drive in the background")
@@ -251,9 +253,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             runtime = await run_in_threadpool(ModelRuntime.load, target, settings.backend, None, settings.device)
         except (CheckpointError, OSError, ValueError) as exc:
             raise RequestRefused(422, f"checkpoint refused, still serving {engine.runtime.version}: {exc}") from exc
-        old = engine.swap(runtime)
-        metrics.set_model_version(runtime.version, old.version)
-        log.info("reloaded: %s -> %s", old.version, runtime.version)
+        old_version = engine.swap(runtime).version
+        metrics.set_model_version(runtime.version, old_version)
+        log.info("reloaded: %s -> %s", old_version, runtime.version)
+        # The old model is garbage once its last request ends; free its cycles, freeze the new one.
+        await run_in_threadpool(refreeze)
         return await get_model(engine)
 
     @app.get("/healthz", tags=["health"])

@@ -32,6 +32,7 @@ from model.node_state import NodeStates
 from model.streaming import NodeEvent, pad_events
 
 from .engine import Engine, ModelRuntime, node_events
+from .gc_tuning import freeze_startup_objects
 from .malloc_tuning import keep_freed_memory
 from .settings import DEFAULT_CHECKPOINT
 
@@ -122,6 +123,7 @@ def bench_pipeline(
         runtime = ModelRuntime.load(checkpoint, backend)
         store = make_store(redis_url)
         engine = Engine(runtime, store)
+        freeze_startup_objects()  # as the service does once warm
         dim = runtime.config.edge_feature_dim
         stream = read_edge_stream(data, limit=events)
         n = len(stream)
