@@ -158,7 +158,7 @@ def bench_pipeline(
         [
             f"Machine: {platform.node()} ({platform.machine()}, {torch.get_num_threads()} torch thread(s), "
             f"{__import__('os').cpu_count()} cores), Python {platform.python_version()}, torch {torch.__version__}",
-            f"Command: dygserve bench pipeline --data {data} --events {events} --window {window}",
+            f"Command: dygserve bench pipeline --data {data} --events {events} --window {window} --backend {backend}",
             "",
             "| figure | value |",
             "| --- | --- |",
@@ -170,7 +170,9 @@ def bench_pipeline(
     )
 
 
-def _start_service(redis_url: str, checkpoint: Path, log_dir: str) -> tuple[subprocess.Popen, str]:
+def _start_service(
+    redis_url: str, checkpoint: Path, log_dir: str, backend: str = "torch", workers: int = 1
+) -> tuple[subprocess.Popen, str]:
     import os
     import socket
 
@@ -180,7 +182,8 @@ def _start_service(redis_url: str, checkpoint: Path, log_dir: str) -> tuple[subp
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "DYGSERVE_REDIS_URL": redis_url, "DYGSERVE_CHECKPOINT": str(checkpoint),
-           "DYGSERVE_PORT": str(port), "DYGSERVE_HOST": "127.0.0.1"}  # fmt: skip
+           "DYGSERVE_PORT": str(port), "DYGSERVE_HOST": "127.0.0.1", "DYGSERVE_BACKEND": backend,
+           "DYGSERVE_WORKERS": str(workers)}  # fmt: skip
     log = open(Path(log_dir) / "service.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"], env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
@@ -257,7 +260,7 @@ def bench_http(url: str, data: Path, out: Path) -> list[str]:
     return rows
 
 
-def bench_all(checkpoint: Path, data: Path, doc: Path, out: Path) -> str:
+def bench_all(checkpoint: Path, data: Path, doc: Path, out: Path, backend: str = "torch", workers: int = 1) -> str:
     import os
 
     from state_store.bench import run_store_bench
@@ -267,11 +270,11 @@ def bench_all(checkpoint: Path, data: Path, doc: Path, out: Path) -> str:
     proc, redis_url, workdir = _start_redis()
     try:
         store = run_store_bench(redis_url)
-        pipeline = bench_pipeline(checkpoint, data, redis_url, 20_000, 64)
+        pipeline = bench_pipeline(checkpoint, data, redis_url, 20_000, 64, backend)
         import redis as redis_lib
 
         redis_lib.Redis.from_url(redis_url).flushall()
-        svc, url = _start_service(redis_url, checkpoint, str(out))
+        svc, url = _start_service(redis_url, checkpoint, str(out), backend, workers)
         try:
             http_rows = bench_http(url, data, out)
         finally:
@@ -285,9 +288,10 @@ def bench_all(checkpoint: Path, data: Path, doc: Path, out: Path) -> str:
         [
             "# Benchmarks",
             "",
-            "Written by `make bench` (`dygserve bench all`): every figure below comes from one run",
-            "on the machine named here, Redis started locally by the command, the service on",
-            "uvicorn (1 worker, 1 torch thread), client and servers sharing the same cores.",
+            f"Written by `make bench` (`dygserve bench all --backend {backend} --workers {workers}`): every figure",
+            "below comes from one run on the machine named here, Redis started locally by the command,",
+            f"the service on uvicorn ({workers} worker(s), 1 torch thread each, scoring backend {backend}),",
+            "client and servers sharing the same cores.",
             "Figures are measurements, not guarantees; tests never assert them.",
             f"Load average (1/5/15 min) before the run: {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f};"
             f" after: {os.getloadavg()[0]:.2f} / {os.getloadavg()[1]:.2f} / {os.getloadavg()[2]:.2f}"
@@ -334,10 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     every.add_argument("--data", type=Path, default=Path("../shared/data/uci/edges.csv.gz"))
     every.add_argument("--doc", type=Path, default=Path("docs/BENCHMARKS.md"))
     every.add_argument("--out", type=Path, default=Path("runs/bench"))
+    every.add_argument("--backend", choices=("torch", "onnx"), default="torch", help="DYGSERVE_BACKEND of the runs")
+    every.add_argument("--workers", type=int, default=1, help="DYGSERVE_WORKERS of the HTTP runs")
     args = p.parse_args(argv)
     if args.what == "all":
         torch.set_num_threads(1)
-        print(bench_all(args.checkpoint, args.data, args.doc, args.out))
+        print(bench_all(args.checkpoint, args.data, args.doc, args.out, args.backend, args.workers))
         return 0
     if args.what == "store":
         from state_store.bench import main as store_main
