@@ -28,7 +28,7 @@ from .config import ModelConfig
 from .node_state import NodeStates
 from .pair_features import PAIR_FEATURE_DIM
 from .rank_plan import RankPlan
-from .ssm import LayerState, SelectiveSSMLayer, gap_units
+from .ssm import CACHE_BLOCK_ELEMENTS, LayerState, SelectiveSSMLayer, gap_units
 from .time_encoding import make_time_encoder
 
 ROLE_SRC, ROLE_DST = 0, 1
@@ -216,6 +216,20 @@ class DygMambaLinkModel(nn.Module):
 
     def node_readout(self, h: torch.Tensor, t_last: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
         return self.readout(self.decay(h, t_last, tau).flatten(1))
+
+    def node_readout_chunked(self, h: torch.Tensor, t_last: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+        """``node_readout`` in row chunks that fit in cache (``ssm.CACHE_BLOCK_ELEMENTS``);
+        each row's value does not depend on the chunking. For the serving path only: the
+        ONNX export traces ``node_readout``, where a branch on N would fix the batch size."""
+        rows = max(1, CACHE_BLOCK_ELEMENTS // max(1, h[0].numel())) if len(h) else 1
+        if len(h) <= rows:
+            return self.node_readout(h, t_last, tau)
+        return torch.cat(
+            [
+                self.readout(self.decay(h[i : i + rows], t_last[i : i + rows], tau[i : i + rows]).flatten(1))
+                for i in range(0, len(h), rows)
+            ]
+        )
 
     def identity_match(self, ids: torch.Tensor) -> torch.Tensor:
         """(N, 2 * identity_match_dim) from ``pair_identity_keys`` rows: v against u's

@@ -192,9 +192,9 @@ def score_nodes(
     if not cfg.use_state:
         return model.head_logit(None, None, pair, ids)
     if len(tau) and bool((tau == tau[0]).all()):
-        z = model.node_readout(states.h, states.t_last, tau[:1].expand(len(states)))
+        z = model.node_readout_chunked(states.h, states.t_last, tau[:1].expand(len(states)))
         z_u, z_v = z[iu], z[iv]
     else:
-        z_u = model.node_readout(states.h[iu], states.t_last[iu], tau)
-        z_v = model.node_readout(states.h[iv], states.t_last[iv], tau)
+        z_u = model.node_readout_chunked(states.h[iu], states.t_last[iu], tau)
+        z_v = model.node_readout_chunked(states.h[iv], states.t_last[iv], tau)
     return model.head_logit(z_u, z_v, pair, ids)

@@ -137,3 +137,22 @@ def test_score_nodes_equals_score_of_gathered_pairs(same_time, variant):
     want = streaming.score(model, states.select(iu), states.select(iv), keys[iu], keys[iv], tau, lists.select(iu), lists.select(iv))
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     assert got.shape == (7,) and not torch.equal(got[0], got[1])  # the pairs differ
+
+
+def test_chunked_read_out_equals_one_pass() -> None:
+    """The serving path reads states out in cache-sized row chunks; rows must not notice."""
+    from model.ssm import CACHE_BLOCK_ELEMENTS
+
+    torch.manual_seed(4)
+    cfg = ModelConfig()
+    model = DygMambaLinkModel(cfg).eval()
+    rows = CACHE_BLOCK_ELEMENTS // (cfg.n_layers * cfg.d_inner * cfg.d_state)
+    n = 3 * rows + 5
+    h = torch.randn(n, cfg.n_layers, cfg.d_inner, cfg.d_state)
+    t_last = torch.rand(n, dtype=torch.float64) * 100
+    t_last[::7] = float("-inf")
+    tau = t_last.nan_to_num(neginf=0.0) + torch.rand(n, dtype=torch.float64) * 50
+    with torch.no_grad():
+        torch.testing.assert_close(model.node_readout_chunked(h, t_last, tau), model.node_readout(h, t_last, tau), rtol=1e-6, atol=1e-6)
+        small = model.node_readout_chunked(h[:3], t_last[:3], tau[:3])
+    assert small.shape == (3, cfg.d_out) and rows > 1
