@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from model.results import PAPER_TABLE4, render
+import pytest
+
+from model.results import PAPER_TABLE4, main, render
 
 
 def _m(ap: float) -> dict:
@@ -21,7 +23,9 @@ def test_render_contains_paper_and_ours(tmp_path) -> None:
                 "eval": {"test": {"transductive": strat, "inductive": strat, "mrr": {"mrr": 0.88, "k": 20}},
                          "val": {"transductive": strat}, "replay_seconds": 100.0},
             },
-            "features_only": {"train": {"history": [{}], "mean_epoch_time_s": 5.0}, "eval": {"test": {"transductive": strat}}},
+            "features_only": {"train": {"history": [{}], "mean_epoch_time_s": 5.0,
+                                        "config": {"identity_match_dim": 16, "identity_match_depth": 2}},
+                              "eval": {"test": {"transductive": strat}}},
         },
         "baselines": {"edgebank": {"test": {"transductive": strat}},
                       "recompute": {"test": {"transductive": {"random": _m(0.95)}}, "replay_seconds": 50.0}},
@@ -32,3 +36,9 @@ def test_render_contains_paper_and_ours(tmp_path) -> None:
     assert PAPER_TABLE4["uci"]["rnd"]["DyG-Mamba"] in text and "**97.00**" in text
     assert "+2.00" in text  # cached - recompute gap
     assert "How our setting differs" in text
+    assert "pair/activity features only (use_state=False) + identity match (width 16, depth 2)" in text
+
+
+def test_unknown_variant_is_refused(tmp_path) -> None:
+    with pytest.raises(SystemExit):
+        main(["--variants", "full,nonsense", "--out", str(tmp_path), "--render-only"])
