@@ -261,6 +261,10 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _unavailable(e: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(f"state store unavailable: {type(e).__name__}: {e}")
+
+
 def _guard(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -269,7 +273,7 @@ def _guard(fn: F) -> F:
         except StoreUnavailable:
             raise
         except _UNAVAILABLE as e:
-            raise StoreUnavailable(f"state store unavailable: {type(e).__name__}: {e}") from e
+            raise _unavailable(e) from e
 
     return wrapper  # type: ignore[return-value]
 
@@ -338,7 +342,7 @@ class RedisStore(StateStore):
                     f"unsupported store URL scheme {scheme!r}: use redis://, rediss://, unix:// or redis+cluster://"
                 )
         except _UNAVAILABLE as e:
-            raise StoreUnavailable(f"state store unavailable: {type(e).__name__}: {e}") from e
+            raise _unavailable(e) from e
         p = config.key_prefix
         self._state_prefix = p
         log = f"{p}:{{{p}:log}}"
@@ -422,7 +426,7 @@ class RedisStore(StateStore):
         try:
             return list(await self._async_client().execute_command("MGET", *keys))
         except _UNAVAILABLE as e:
-            raise StoreUnavailable(f"state store unavailable: {type(e).__name__}: {e}") from e
+            raise _unavailable(e) from e
 
     async def aclose(self) -> None:
         if self._async is not None:
