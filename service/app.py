@@ -51,7 +51,9 @@ ERROR_RESPONSES: dict[int | str, dict] = {
 }
 
 
-def engine_of(request: Request) -> Engine:
+async def engine_of(request: Request) -> Engine:
+    # async on purpose: FastAPI runs a plain-def dependency in the thread pool, one
+    # thread hand-off (two wake-ups) per request just to read an attribute.
     return request.app.state.engine
 
 
@@ -79,7 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             dedupe_ttl_s=settings.dedupe_ttl_s,
             max_future_skew=settings.max_future_skew,
         )
-        engine = Engine(runtime, store)
+        engine = Engine(runtime, store, numpy_max_pairs=settings.numpy_score_max_pairs)
         app.state.engine = engine
         app.state.ready = False
         metrics.set_model_version(runtime.version)

@@ -30,6 +30,7 @@ from model.checkpoint import LoadedCheckpoint, load_checkpoint
 from model.link_model import ROLE_DST, ROLE_SRC
 from model.node_ids import node_key, node_keys
 from model.node_state import NeighbourLists, NodeStates, StateCodec
+from model.numpy_scorer import NumpyScorer
 from model.streaming import NodeEvent, advance, endpoint_events, score_nodes
 from state_store.applier import LoggedBatch, apply_logged, redrive
 from state_store.base import LoggedEvent, NewEvent, StateStore
@@ -84,6 +85,8 @@ class ModelRuntime:
         self.config = checkpoint.config
         self.version = checkpoint.version
         self.codec = StateCodec(self.config, self.version)
+        # The torch backend's kernel for calls of a few pairs (model/numpy_scorer.py).
+        self.numpy_scorer = NumpyScorer(checkpoint.model) if backend == "torch" else None
 
     @classmethod
     def load(cls, path: Path, backend: str = "torch", onnx_dir: Path | None = None, device: str = "cpu") -> ModelRuntime:
@@ -157,9 +160,12 @@ class ScoredPair:
 
 
 class Engine:
-    def __init__(self, runtime: ModelRuntime, store: StateStore) -> None:
+    def __init__(self, runtime: ModelRuntime, store: StateStore, numpy_max_pairs: int = 256) -> None:
         self._runtime = runtime
         self.store = store
+        # Score calls up to this many pairs take the runtime's numpy kernel (when it has
+        # one): 3x less CPU for one pair, level with torch near 1,000 (docs/BENCHMARKS.md).
+        self.numpy_max_pairs = numpy_max_pairs
         self._swap = threading.Lock()
         # One apply at a time per process. Concurrent applies of batches that share a
         # node (a hub is in nearly every batch) only conflict on its compare-and-set
@@ -310,14 +316,22 @@ class Engine:
         default_t: float | None,
     ) -> list[ScoredPair]:
         pos = {n: i for i, n in enumerate(nodes)}
-        iu = torch.tensor([pos[s] for s, _, _ in pairs])
-        iv = torch.tensor([pos[d] for _, d, _ in pairs])
-        tau = torch.tensor([default_t if t is None else t for _, _, t in pairs], dtype=torch.float64)
-        keys = torch.from_numpy(node_keys(nodes))
-        dev = rt.device
-        logits = score_nodes(
-            rt.model, states.to(dev), lists.to(dev), keys.to(dev), iu.to(dev), iv.to(dev), tau.to(dev)
-        ).cpu()
+        n = len(pairs)
+        iu = np.fromiter((pos[s] for s, _, _ in pairs), dtype=np.int64, count=n)
+        iv = np.fromiter((pos[d] for _, d, _ in pairs), dtype=np.int64, count=n)
+        tau = np.fromiter((default_t if t is None else t for _, _, t in pairs), dtype=np.float64, count=n)
+        keys = node_keys(nodes)
+        if rt.numpy_scorer is not None and n <= self.numpy_max_pairs:
+            logits = rt.numpy_scorer.score_nodes(
+                states.h.numpy(), states.t_last.numpy(), states.n_events.numpy(),
+                lists.keys.numpy(), lists.times.numpy(), keys, iu, iv, tau,
+            )  # fmt: skip
+        else:
+            dev = rt.device
+            logits = score_nodes(
+                rt.model, states.to(dev), lists.to(dev), torch.from_numpy(keys).to(dev),
+                torch.from_numpy(iu).to(dev), torch.from_numpy(iv).to(dev), torch.from_numpy(tau).to(dev),
+            ).cpu()  # fmt: skip
         out = []
         # Plain Python floats in one go: indexing tensors per pair costs microseconds each.
         t_last = states.t_last.tolist()

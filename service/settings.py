@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     loop_score_max_pairs: int = Field(
         16, ge=0, description="score calls up to this many pairs run on the event loop after an awaited read (0 = never)"
     )
+    numpy_score_max_pairs: int = Field(
+        256, ge=0, description="torch backend: score calls up to this many pairs run the numpy kernel (0 = never)"
+    )
 
     late_policy: Literal["reject"] = Field("reject", description="what happens to an event older than a node's last event")
     max_future_skew: float | None = Field(None, ge=0, description="reject events this far beyond the latest event time")
