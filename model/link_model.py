@@ -140,8 +140,10 @@ class DygMambaLinkModel(nn.Module):
             return states0.clone()
         dev = states0.h.device  # the plan is built on the host; its indices go where the states are
         ev = ev.to(dev)
-        order = torch.from_numpy(plan.order).to(dev)
-        s = states0.select(order)
+        # A caller that lists its nodes longest first (the service decodes them so) saves
+        # two copies of every state: the gather into plan order and the one back.
+        keeps_order = plan.keeps_order
+        s = states0 if keeps_order else states0.select(torch.from_numpy(plan.order).to(dev))
         t = ev.t.to(torch.float64)
         prev_pos, has_prev = (x.to(dev) for x in plan.previous_event())
         t_prev = torch.where(has_prev, t[prev_pos], s.t_last[torch.from_numpy(plan.node_of).to(dev)])
@@ -168,7 +170,7 @@ class DygMambaLinkModel(nn.Module):
             last_seq=torch.where(has, ev.seq.to(torch.int64)[last], s.last_seq),
             n_events=s.n_events + lengths,
         )
-        return final.select(torch.from_numpy(np.argsort(plan.order)).to(dev))
+        return final if keeps_order else final.select(torch.from_numpy(np.argsort(plan.order)).to(dev))
 
     # ----- padded sequences ------------------------------------------------------------
     def scan(

@@ -38,10 +38,21 @@ class RankPlan:
     def num_nodes(self) -> int:
         return int(self.order.shape[0])
 
+    @property
+    def keeps_order(self) -> bool:
+        """The nodes came already sorted (``sort_order``): no gather in or out is needed."""
+        return bool((self.order == np.arange(len(self.order))).all())
+
+    @staticmethod
+    def sort_order(lengths: np.ndarray | list[int]) -> np.ndarray:
+        """The plan's node order: longest first, ties in the given order. A caller that
+        lists its nodes in this order gets a plan that ``keeps_order``."""
+        return np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
+
     @classmethod
     def build(cls, lengths: np.ndarray | list[int]) -> RankPlan:
         lengths = np.asarray(lengths, dtype=np.int64)
-        order = np.argsort(-lengths, kind="stable")
+        order = cls.sort_order(lengths)
         sorted_len = lengths[order]
         t_len = int(sorted_len[0]) if len(sorted_len) else 0
         # counts[k] = #nodes with length > k (sorted_len is non-increasing).

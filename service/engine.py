@@ -31,6 +31,7 @@ from model.link_model import ROLE_DST, ROLE_SRC
 from model.node_ids import node_key, node_keys
 from model.node_state import NeighbourLists, NodeStates, StateCodec
 from model.numpy_scorer import NumpyScorer
+from model.rank_plan import RankPlan
 from model.streaming import NodeEvent, advance, endpoint_events, score_nodes
 from state_store.applier import LoggedBatch, apply_logged, redrive
 from state_store.base import LoggedEvent, NewEvent, StateStore
@@ -110,8 +111,11 @@ class ModelRuntime:
     def advance_blobs(self, nodes: list[str], blobs: list[bytes | None], new_events: list[list[LoggedEvent]]) -> dict[str, bytes]:
         """The applier's callback: apply each node's new events to its state and its
         neighbour list, return the new blobs."""
-        states, lists = self.decode(blobs)
         per_node = [[x for e in events for x in node_events(node, e)] for node, events in zip(nodes, new_events, strict=True)]
+        # Decoded straight into the rank plan's order: the advance then gathers nothing.
+        order = RankPlan.sort_order([len(p) for p in per_node]).tolist()
+        nodes, blobs, per_node = [nodes[i] for i in order], [blobs[i] for i in order], [per_node[i] for i in order]
+        states, lists = self.decode(blobs)
         new = advance(self.advance_model, states.to(self.device), per_node).to("cpu")
         return dict(zip(nodes, self.codec.encode_many(new, lists.extended(per_node)), strict=True))
 
