@@ -60,23 +60,27 @@ from .common import (
 # --------------------------------------------------------------------------------------
 # Lua scripts. Every key they touch is in KEYS (cluster routing and correctness).
 
-# KEYS: 1 seq, 2 stream, 3 pending, 4 lt, 5 tmax, 6 eids; then per event i: h:src, h:dst
-# ARGV: 1 n, 2 dedupe ttl ms ('' = forever), 3 history cap, 4 future skew ('' = off);
-#       then per event i: src, dst, t (repr), tail (the JSON after the seq), the client's
-#       event id ('' for an id the store assigned: unique, so never looked up or marked)
-# Returns per event: {seq} | {-1} duplicate | {-2, node, last_t} late | {-3, tmax} future;
+# KEYS: 1 seq, 2 stream, 3 pending, 4 lt, 5 tmax, 6 eids; then 6 + j: history of node j
+# ARGV: 1 n, 2 dedupe ttl ms ('' = forever), 3 history cap, 4 future skew ('' = off),
+#       5 m (distinct endpoints); 5 + j: name of node j (j = 1..m, the order of KEYS);
+#       then per event i: src j, dst j, t (repr), tail (the JSON after the seq), the
+#       client's event id ('' for an id the store assigned: unique, so never looked up)
+# Returns per event: seq | {-1} duplicate | {-2, node, last_t} late | {-3, tmax} future;
 # then one more element: {node, previous seq, ...} for every endpoint of a logged event
 # (its last logged seq before this batch, -1 if none).
-# Per event only what must be per event is a command (the dedupe ZSCORE of a client id,
-# the two history ZADDs); the counter, the late-check times, the pending set, the dedupe
-# marks and the history trims are read once per node or written once per batch. Dedupe
-# marks are members of one sorted set scored by expiry (a key per event with PX cost
-# ~4x as much per event); expired ones are dropped first, so any member is live.
+# Per event only what must be per event is a command (the dedupe ZSCORE of a client id);
+# the counter, the late-check times, the histories (one ZADD per node), the pending set,
+# the dedupe marks and the history trims are read once per node or written once per
+# batch. Nodes travel once per batch, events refer to them by number: a batch on a
+# few hubs sends a fraction of the strings. Dedupe marks are members of one sorted set
+# scored by expiry (a key per event with PX cost ~4x as much per event); expired ones
+# are dropped first, so any member is live.
 APPEND_LUA = """
 local n = tonumber(ARGV[1])
 local ttl = ARGV[2]
 local cap = tonumber(ARGV[3])
 local skew = ARGV[4]
+local m = tonumber(ARGV[5])
 local tmax_s = redis.call('GET', KEYS[5])
 local tmax = nil
 if tmax_s then tmax = tonumber(tmax_s) end
@@ -90,51 +94,48 @@ local seen = {}
 local marks = {}
 local seq0 = tonumber(redis.call('GET', KEYS[1]) or '0')
 local seq = seq0
-local lt = {}
-local prev = {}
-local hist = {}
-local touched = {}
+-- per node j: time of its last logged event (number and exact string; false: none),
+-- and the history entries this batch adds (nil while it has none)
+local lt_t, lt_s, added = {}, {}, {}
 local pend = {}
 local logged = {}
 local out = {}
-local function last_time(node)
-  local v = lt[node]
+local function last_time(j)
+  local v = lt_t[j]
   if v == nil then
-    local s = redis.call('HGET', KEYS[4], node)
-    if s then v = {tonumber(s), s} else v = false end
-    lt[node] = v
+    local s = redis.call('HGET', KEYS[4], ARGV[5 + j])
+    if s then v = tonumber(s); lt_s[j] = s else v = false end
+    lt_t[j] = v
   end
   return v
 end
-local function add_to_history(node, key, seq_s, m, t, ts)
-  if prev[node] == nil then
-    local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    if #top > 0 then prev[node] = tonumber(top[2]) else prev[node] = -1 end
-    hist[node] = key
-    touched[#touched + 1] = node
-  end
-  redis.call('ZADD', key, seq_s, m)
-  lt[node] = {t, ts}
+local function add_to_history(j, seq_s, entry, t, ts)
+  local a = added[j]
+  if a == nil then a = {}; added[j] = a end
+  a[#a + 1] = seq_s
+  a[#a + 1] = entry
+  lt_t[j] = t
+  lt_s[j] = ts
 end
 local function write_chunked(cmd, key, flat)
-  for j = 1, #flat, 1000 do
-    redis.call(cmd, key, unpack(flat, j, math.min(j + 999, #flat)))
+  for i = 1, #flat, 1000 do
+    redis.call(cmd, key, unpack(flat, i, math.min(i + 999, #flat)))
   end
 end
+local ab = 5 + m
 for i = 1, n do
-  local kb = 6 + 2 * (i - 1)
-  local ab = 4 + 5 * (i - 1)
-  local src, dst, ts, tail, eid = ARGV[ab + 1], ARGV[ab + 2], ARGV[ab + 3], ARGV[ab + 4], ARGV[ab + 5]
+  local sj, dj, ts, tail, eid = tonumber(ARGV[ab + 1]), tonumber(ARGV[ab + 2]), ARGV[ab + 3], ARGV[ab + 4], ARGV[ab + 5]
+  ab = ab + 5
   local t = tonumber(ts)
   if eid ~= '' and (seen[eid] or redis.call('ZSCORE', KEYS[6], eid)) then
     out[i] = {-1}
   else
     local late = nil
-    local ls = last_time(src)
-    if ls and t < ls[1] then late = {-2, src, ls[2]} end
-    if (not late) and dst ~= src then
-      local ld = last_time(dst)
-      if ld and t < ld[1] then late = {-2, dst, ld[2]} end
+    local ls = last_time(sj)
+    if ls and t < ls then late = {-2, ARGV[5 + sj], lt_s[sj]} end
+    if (not late) and dj ~= sj then
+      local ld = last_time(dj)
+      if ld and t < ld then late = {-2, ARGV[5 + dj], lt_s[dj]} end
     end
     if late then
       out[i] = late
@@ -143,12 +144,12 @@ for i = 1, n do
     else
       seq = seq + 1
       local seq_s = string.format('%d', seq)
-      local m = '[' .. seq_s .. tail
-      logged[#logged + 1] = m
+      local entry = '[' .. seq_s .. tail
+      logged[#logged + 1] = entry
       pend[#pend + 1] = seq_s
-      pend[#pend + 1] = m
-      add_to_history(src, KEYS[kb + 1], seq_s, m, t, ts)
-      if dst ~= src then add_to_history(dst, KEYS[kb + 2], seq_s, m, t, ts) end
+      pend[#pend + 1] = entry
+      add_to_history(sj, seq_s, entry, t, ts)
+      if dj ~= sj then add_to_history(dj, seq_s, entry, t, ts) end
       if eid ~= '' then
         seen[eid] = true
         marks[#marks + 1] = expiry
@@ -159,7 +160,7 @@ for i = 1, n do
         tmax_s = ts
         tmax_changed = true
       end
-      out[i] = {seq}
+      out[i] = seq
     end
   end
 end
@@ -169,12 +170,18 @@ write_chunked('RPUSH', KEYS[2], logged)
 write_chunked('ZADD', KEYS[3], pend)
 write_chunked('ZADD', KEYS[6], marks)
 local times, previous = {}, {}
-for _, node in ipairs(touched) do
-  redis.call('ZREMRANGEBYRANK', hist[node], 0, -(cap + 1))
-  times[#times + 1] = node
-  times[#times + 1] = lt[node][2]
-  previous[#previous + 1] = node
-  previous[#previous + 1] = prev[node]
+for j = 1, m do
+  local a = added[j]
+  if a then
+    local key, node = KEYS[6 + j], ARGV[5 + j]
+    local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    previous[#previous + 1] = node
+    if #top > 0 then previous[#previous + 1] = tonumber(top[2]) else previous[#previous + 1] = -1 end
+    write_chunked('ZADD', key, a)
+    redis.call('ZREMRANGEBYRANK', key, 0, -(cap + 1))
+    times[#times + 1] = node
+    times[#times + 1] = lt_s[j]
+  end
 end
 write_chunked('HSET', KEYS[4], times)
 out[n + 1] = previous
@@ -520,20 +527,26 @@ class RedisStore(StateStore):
         if not events:
             return AppendResult(seqs=[])
         cfg = self.config
-        keys: list[bytes] = [self._k_seq, self._k_log, self._k_pending, self._k_lt, self._k_tmax, self._k_eids]
+        number: dict[str, int] = {}  # node -> j (1-based), in first-seen order
+        for ev in events:
+            number.setdefault(ev.src, len(number) + 1)
+            number.setdefault(ev.dst, len(number) + 1)
+        keys: list[Any] = [self._k_seq, self._k_log, self._k_pending, self._k_lt, self._k_tmax, self._k_eids]
+        keys += [self.history_key(node) for node in number]
         args: list[Any] = [
             len(events),
             _ms(cfg.dedupe_ttl_s),
             cfg.history_cap,
             "" if cfg.max_future_skew is None else _fmt_float(cfg.max_future_skew),
+            len(number),
+            *number,
         ]
         times, eids = [], event_ids(events)
         for ev, eid in zip(events, eids, strict=True):
             t = event_time(ev.t)
             times.append(t)
-            keys += [self.history_key(ev.src), self.history_key(ev.dst)]
             # '' as the dedupe id: an id assigned here is unique, so not looked up or kept.
-            args += [ev.src, ev.dst, _fmt_float(t), encode_tail(ev, t, eid), eid if ev.event_id is not None else ""]
+            args += [number[ev.src], number[ev.dst], _fmt_float(t), encode_tail(ev, t, eid), eid if ev.event_id is not None else ""]
         out = self._evalsha("append", keys, args)
         result = AppendResult(seqs=[None] * len(events), event_ids=eids)
         previous = out.pop()
@@ -541,10 +554,11 @@ class RedisStore(StateStore):
             previous[j].decode(): int(previous[j + 1]) for j in range(0, len(previous), 2)
         }
         for i, r in enumerate(out):
+            if isinstance(r, int):  # logged: its seq
+                result.seqs[i] = r
+                continue
             code = int(r[0])
-            if code > 0:
-                result.seqs[i] = code
-            elif code == -1:
+            if code == -1:
                 result.duplicates.append(i)
             elif code == -2:
                 node = r[1].decode() if isinstance(r[1], bytes) else r[1]
