@@ -150,7 +150,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise RequestRefused(413, f"{len(body.events)} events; at most {settings.max_batch_events} per request")
         start = time.perf_counter()
         metrics.BATCH_SIZE.labels(kind="ingest").observe(len(body.events))
-        events = [e.model_dump() for e in body.events]
+        events = body.model_dump()["events"]  # one call: per event it cost 3x as much
         if wait:
             result = await run_in_threadpool(engine.ingest, events, True)
         else:

@@ -101,7 +101,7 @@ def recompute_scores(engine: Engine, pairs: list[tuple[str, str, float]], window
     model = rt.checkpoint.model  # torch: the ONNX backend exports no scan
     nodes = [n for s, d, _ in pairs for n in (s, d)]
     histories = engine.store.read_histories(nodes, limit=window)
-    per_node: list[list[NodeEvent]] = [[x for e in h for x in node_events(n, e)] for n, h in zip(nodes, histories, strict=True)]
+    per_node: list[list[NodeEvent]] = [node_events(n, h) for n, h in zip(nodes, histories, strict=True)]
     ev, lengths = pad_events(per_node, rt.config.edge_feature_dim)
     with torch.no_grad():
         states, _ = model.scan(NodeStates.initial(len(nodes), rt.config), ev, lengths)
