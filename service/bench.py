@@ -47,17 +47,23 @@ GOALS = """## Goals from the issues, for comparison
 | batch read-modify-write of 1,000 states within 3x of raw pipelined MGET+MSET | state-store issue |
 
 Where a figure above misses its goal, the gap is open work (the issue's note says
-so). Runs on this VM differ by up to +-20% (single GET p50: 2.6 to 3.8 ms over four runs
-on 2026-11-21), so compare figures within one report. What bounds each path on these
-2 cores, from profiles: ingest is the Lua append in Redis (two history inserts per
-event), the rank-major model pass (elementwise passes in L2-sized blocks) and the
-compare-and-set write of every touched blob, with Redis, the service and the load
-generator sharing the cores; over HTTP the loop's JSON and validation work and the GIL
-add to that. Batch scoring reads one ~5.4 KB blob per distinct node (the MGET is about
-a third of a 1,000-pair call), decodes it and reads each node out once
-(`streaming.score_nodes`). A single GET with a time and warm nodes is scored on the
+so). Runs on this VM differ by +-20% and sometimes more (the same sequential HTTP ingest
+of 60,000 UCI events ran at 16.2k and 23.3k events/s minutes apart on 2026-11-21), so
+compare figures within one report. What bounds each path on these 2 cores, from
+profiles: ingest is the Lua append in Redis (~10 ms of Redis time per 1,000 UCI events:
+dedupe and late checks per event, one history ZADD per node), the rank-major model pass
+(~7 ms; elementwise passes in L2-sized blocks) and the compare-and-set write of every
+touched blob (~5 ms for ~300 blobs, mostly Lua copying 5.4 KB strings), with Redis, the
+service and the load generator sharing the cores. Over HTTP, UCI batches go one at a
+time (the load generator holds back a batch that shares a node with one in flight, and
+every batch has the hubs), so each adds the client, the JSON parse and the validation
+(~8 ms) to the in-process time. Batch scoring reads one ~5.4 KB blob per distinct node
+(the MGET is about a third of a 1,000-pair call), decodes it and reads each node out
+once (`streaming.score_nodes`). A single GET with a time and warm nodes is scored on the
 event loop after an awaited Redis read, with no worker thread in between
-(`service/batcher.py`); objects alive after start-up are frozen out of the garbage
+(`service/batcher.py`), and calls of up to 256 pairs read out in numpy
+(`model/numpy_scorer.py`): in torch one pair cost 1.1-1.5 ms of dispatch in a serving
+loop, in numpy ~0.5 ms. Objects alive after start-up are frozen out of the garbage
 collector's full passes (`service/gc_tuning.py`), which had stalled every request for
 ~90 ms at a time.
 """
