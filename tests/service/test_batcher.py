@@ -132,3 +132,26 @@ def test_what_the_loop_cannot_score_goes_to_a_worker(redis_engine: CountingEngin
     assert redis_engine.calls == [1, 1, 17]
     assert u[0].src_inductive and not u[0].dst_inductive
     assert n[0].t == redis_engine.store.last_event_time() and len(b) == 17
+
+
+def test_numpy_and_torch_kernels_give_the_engine_the_same_scores(engine: CountingEngine) -> None:
+    """Calls up to ``numpy_max_pairs`` read out in numpy, bigger ones in torch: the same
+    pairs through either kernel (and with repeated nodes, unknown nodes and mixed times)
+    get the same answers."""
+    pairs = [p for r in _requests(engine, 30) for p in r] + [("never-seen-node", "also-unknown", 5e6)]
+    assert len(pairs) > 20
+    by_numpy, _ = engine.score_pairs(pairs)
+    engine.numpy_max_pairs = 0
+    try:
+        by_torch, _ = engine.score_pairs(pairs)
+        engine.numpy_max_pairs = len(pairs) - 1  # one over the limit: torch again
+        over_limit, _ = engine.score_pairs(pairs)
+    finally:
+        engine.numpy_max_pairs = 256
+    assert engine.runtime.numpy_scorer is not None
+    for a, b, c in zip(by_numpy, by_torch, over_limit, strict=True):
+        assert (a.src, a.dst, a.t, a.src_age, a.dst_age, a.src_inductive, a.dst_inductive) == (
+            b.src, b.dst, b.t, b.src_age, b.dst_age, b.src_inductive, b.dst_inductive
+        )  # fmt: skip
+        assert abs(a.logit - b.logit) < 2e-5 and b.logit == c.logit
+    assert len({round(p.logit, 4) for p in by_numpy}) > 10  # real, varied scores
