@@ -106,3 +106,16 @@ def test_pair_features_and_latest_neighbours_equal_their_torch_twins():
         latest_visible_neighbours(lists.keys.numpy(), lists.times.numpy(), tau[: N_NODES].numpy(), 4),
         torch_latest_visible(lists.keys, lists.times, tau[:N_NODES], 4).numpy(),
     )
+
+
+def test_extreme_query_times_agree_without_warnings():
+    """The wire allows |t| up to 1e20: such gaps decay states to exactly 0 in both
+    kernels, and numpy meets no floating-point error on the way (raised here)."""
+    ck = load_checkpoint(DEFAULT_CHECKPOINT)
+    s, lists, keys = _nodes(ck.config, torch.Generator().manual_seed(4))
+    iu, iv = torch.arange(N_NODES), torch.arange(N_NODES).flip(0)
+    for t in (1e20, -1e20, 1e12):
+        tau = torch.full((N_NODES,), t, dtype=torch.float64)
+        with np.errstate(all="raise"):
+            got = _numpy_logits(NumpyScorer(ck.model), s, lists, keys, iu, iv, tau)
+        np.testing.assert_allclose(got, score_nodes(ck.model, s, lists, keys, iu, iv, tau).numpy(), rtol=1e-5, atol=2e-5)
