@@ -196,6 +196,7 @@ class LoadConfig:
     loop: bool = False
     ordering: str = "gated"  # gated | free
     event_ids: bool = True
+    wait: bool = True  # False: POST /v1/events?wait=false (answered once logged, applied behind)
     retries: int = 2  # per batch, on 429/502/503/504 and transport errors
     timeout: float = 30.0
     api_key: str | None = None
@@ -412,8 +413,9 @@ class _Run:
                 self.rec.retries += 1
                 await asyncio.sleep(min(1.0, 0.05 * 2 ** (attempt - 1)))
             status, body = await self._request(
-                ROUTE_EVENTS, "POST", "/v1/events", content=batch.body, headers=JSON_HEADERS
-            )
+                ROUTE_EVENTS, "POST", "/v1/events" if self.cfg.wait else "/v1/events?wait=false",
+                content=batch.body, headers=JSON_HEADERS,
+            )  # fmt: skip
             if status == "200":
                 break
             retryable = status.startswith("transport:") or (
@@ -690,6 +692,12 @@ def add_load_arguments(p: argparse.ArgumentParser, defaults: LoadConfig | None =
         help="send event_id with each event (retries become duplicates, not repeats)",
     )
     p.add_argument(
+        "--wait",
+        action=argparse.BooleanOptionalAction,
+        default=d.wait,
+        help="--no-wait: POST with wait=false (answered once logged; the service applies behind)",
+    )
+    p.add_argument(
         "--retries",
         type=int,
         default=d.retries,
@@ -735,7 +743,7 @@ def config_from_args(a: argparse.Namespace) -> LoadConfig:
         event_rate=a.event_rate, max_events=a.max_events, duration=a.duration,
         score_rate=a.score_rate, score_mode=a.score_mode, score_batch=a.score_batch,
         score_concurrency=a.score_concurrency, recent_window=a.recent_window, features=a.features,
-        start_row=a.start_row, loop=a.loop, ordering=a.ordering, event_ids=a.event_ids,
+        start_row=a.start_row, loop=a.loop, ordering=a.ordering, event_ids=a.event_ids, wait=a.wait,
         retries=a.retries, timeout=a.timeout, api_key=a.api_key, allow_remote=a.allow_remote,
         wait_ready=a.wait_ready, max_errors=a.max_errors, seed=a.seed, plots=a.plots,
         progress=a.progress,

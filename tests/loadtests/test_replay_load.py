@@ -78,6 +78,7 @@ def make_app(st: StandIn) -> FastAPI:
     @app.post("/v1/events")
     async def events(request: Request):
         st.c["event_requests"] += 1
+        st.c[f"wait={request.query_params.get('wait', 'true')}"] += 1
         if st.always_422:
             return JSONResponse({"detail": "features: expected 0 values"}, status_code=422)
         if st.fail_next_events > 0:
@@ -239,6 +240,16 @@ def test_max_events_is_a_hard_bound(server, uci, tmp_path):
     write_outputs(rep, lat, tmp_path, plots=False)
     assert json.loads((tmp_path / "report.json").read_text())["events_sent"] == 777
     assert not (tmp_path / "latency_hist.png").exists()
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_wait_false_is_sent_only_when_asked(server, uci, wait):
+    st, url, _ = server
+    st.reset()
+    rep, _ = asyncio.run(run_load(_cfg(url, uci, max_events=300, wait=wait)))
+    assert rep.events_accepted == 300
+    asked, other = ("wait=true", "wait=false") if wait else ("wait=false", "wait=true")
+    assert st.c[asked] == 3 and st.c[other] == 0  # three batches of 100
 
 
 def test_late_events_count_as_rejected_not_errors(server, uci):
