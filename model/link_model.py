@@ -50,6 +50,20 @@ class EventInputs:
         return EventInputs(*(x.to(device) for x in (self.other_key, self.role, self.features, self.t, self.seq)))
 
 
+def head_inputs(config: ModelConfig, z_u, z_v, pair, match) -> list:
+    """The head's inputs in their order, torch tensors or numpy arrays alike (the numpy
+    twin in ``model/numpy_scorer.py`` concatenates the same list): both read-outs and
+    their product, the pair features, the identity match, each where the config has it."""
+    parts = []
+    if config.use_state:
+        parts += [z_u, z_v, z_u * z_v]
+    if config.use_pair_features:
+        parts.append(pair)
+    if config.identity_match_dim:
+        parts.append(match)
+    return parts
+
+
 class DygMambaLinkModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -262,16 +276,12 @@ class DygMambaLinkModel(nn.Module):
         pair: torch.Tensor | None,
         pair_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        parts = []
-        if self.config.use_state:
-            parts += [z_u, z_v, z_u * z_v]
-        if self.config.use_pair_features:
-            parts.append(pair)
+        match = None
         if self.config.identity_match_dim:
             if pair_ids is None:
                 raise ValueError("this model matches node ids: pass pair_ids (pair_features.pair_identity_keys)")
-            parts.append(self.identity_match(pair_ids))
-        return self.head(torch.cat(parts, dim=-1)).squeeze(-1)
+            match = self.identity_match(pair_ids)
+        return self.head(torch.cat(head_inputs(self.config, z_u, z_v, pair, match), dim=-1)).squeeze(-1)
 
     def score_states(
         self,

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .config import ModelConfig, TimeNormalisation
-from .link_model import DygMambaLinkModel
+from .link_model import DygMambaLinkModel, head_inputs
 from .node_state import PAD_KEY
 from .ssm import _FLOOR_FACTOR, LOG_DECAY_FLOOR, MAX_GAP_UNITS
 
@@ -162,14 +162,8 @@ class NumpyScorer:
         )
 
     def head_logit(self, z_u: np.ndarray | None, z_v: np.ndarray | None, pair: np.ndarray | None, ids: np.ndarray | None) -> np.ndarray:
-        parts = []
-        if self.config.use_state:
-            parts += [z_u, z_v, z_u * z_v]
-        if self.config.use_pair_features:
-            parts.append(pair)
-        if self.config.identity_match_dim:
-            parts.append(self.identity_match(ids))
-        x = np.concatenate(parts, axis=-1)
+        match = self.identity_match(ids) if self.config.identity_match_dim else None
+        x = np.concatenate(head_inputs(self.config, z_u, z_v, pair, match), axis=-1)
         for layer in self.head[:-1]:
             x = np.maximum(layer(x), np.float32(0.0))
         return self.head[-1](x)[:, 0]
