@@ -6,7 +6,7 @@ and dispatcher; between requests other processes push that code out of the CPU's
 caches, and one pair measured 1.1-1.5 ms of CPU in a serving-like loop against 0.5 ms
 when called back to back. numpy's ufuncs on arrays of a few dozen elements cost a
 fraction of that. For big calls torch's kernels win, so the service takes this path
-only up to ``Settings.numpy_score_max_pairs`` pairs (``ModelRuntime.score_nodes``).
+only up to ``Settings.numpy_score_max_pairs`` pairs (``service.engine.Engine._score``).
 
 Everything that defines the model stays in torch: the parameters are read from the
 torch module once (``log_decay_rate`` is evaluated by the module itself), and the
