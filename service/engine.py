@@ -243,7 +243,8 @@ class Engine:
     def apply(self, rt: ModelRuntime, logged: LoggedBatch) -> None:
         try:
             with self._apply_lock, timed_store("apply"):
-                apply_logged(self.store, rt.version, logged.events, rt.advance_blobs, previous_seq=logged.previous_seq)
+                stats = apply_logged(self.store, rt.version, logged.events, rt.advance_blobs, previous_seq=logged.previous_seq)
+            metrics.EVENTS_APPLIED.inc(stats.marked)
         except Exception:
             self.needs_redrive = True  # logged but maybe not applied: re-drive later
             raise
@@ -252,6 +253,7 @@ class Engine:
         rt = self.runtime
         with self._apply_lock, timed_store("redrive"):
             stats = redrive(self.store, rt.version, rt.advance_blobs)
+        metrics.EVENTS_APPLIED.inc(stats.marked)
         self.needs_redrive = False
         return getattr(stats, "events_applied", 0)
 

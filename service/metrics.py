@@ -22,7 +22,8 @@ from prometheus_client import (
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
-EVENTS_INGESTED = Counter("dygserve_events_ingested", "events logged and applied")
+EVENTS_INGESTED = Counter("dygserve_events_ingested", "events accepted into the log (applied before the answer, or behind it with wait=false)")
+EVENTS_APPLIED = Counter("dygserve_events_applied", "logged events whose endpoints' states are committed (by the request, in the background or by a re-drive)")
 EVENTS_REJECTED = Counter("dygserve_events_rejected", "events refused", ["reason"])
 EVENTS_DUPLICATE = Counter("dygserve_events_duplicate", "events whose id was seen before")
 INGEST_LATENCY = Histogram("dygserve_ingest_latency_seconds", "POST /v1/events latency", buckets=LATENCY_BUCKETS)

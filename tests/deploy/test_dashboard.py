@@ -24,6 +24,7 @@ DATASOURCES = REPO / "deploy" / "grafana" / "provisioning" / "datasources" / "pr
 # The service's Prometheus metrics (names fixed by the design): name -> (type, labels).
 FIXED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "dygserve_events_ingested_total": ("counter", frozenset()),
+    "dygserve_events_applied_total": ("counter", frozenset()),
     "dygserve_events_rejected_total": ("counter", frozenset({"reason"})),
     "dygserve_events_duplicate_total": ("counter", frozenset()),
     "dygserve_ingest_latency_seconds": ("histogram", frozenset()),
@@ -218,6 +219,7 @@ def test_required_panels_are_there():
         return any(re.search(pattern, e) for e in exprs)
 
     assert has(r"rate\(dygserve_events_ingested_total")  # events/s
+    assert has(r"rate\(dygserve_events_applied_total")  # how far applies keep up (wait=false)
     assert has(r"by \(reason\) \(rate\(dygserve_events_rejected_total")  # rejects by reason
     for q in ("0.5", "0.95", "0.99"):  # ingest and score latency quantiles
         assert has(

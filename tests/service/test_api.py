@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import httpx
 import torch
@@ -134,9 +135,16 @@ def test_hot_reload(service, client, models_dir):
     assert client.post("/v1/admin/reload", json={"checkpoint": "a"}).json()["model_version"] == before
 
 
+def _counter(client, name: str) -> float:
+    match = re.search(rf"^{name} (\S+)$", client.get("/metrics").text, re.M)
+    assert match, name
+    return float(match.group(1))
+
+
 def test_wait_false_logs_now_and_applies_soon(client):
     import time
 
+    applied_before = _counter(client, "dygserve_events_applied_total")
     r = client.post("/v1/events", params={"wait": "false"}, json=events(("nw1", "nw2", 1.0), ("nw1", "nw3", 2.0)))
     assert r.status_code == 200
     body = r.json()
@@ -145,3 +153,14 @@ def test_wait_false_logs_now_and_applies_soon(client):
     while time.monotonic() < deadline and client.get("/v1/nodes/nw1").json()["events_applied"] < 2:
         time.sleep(0.05)
     assert client.get("/v1/nodes/nw1").json()["events_applied"] == 2
+    while time.monotonic() < deadline and _counter(client, "dygserve_events_applied_total") < applied_before + 2:
+        time.sleep(0.05)  # the counter moves once the apply has returned
+    assert _counter(client, "dygserve_events_applied_total") == applied_before + 2
+
+
+def test_applied_counter_follows_the_ingested_one_with_wait(client):
+    ingested, applied = _counter(client, "dygserve_events_ingested_total"), _counter(client, "dygserve_events_applied_total")
+    body = client.post("/v1/events", json=events(("ap1", "ap2", 1.0), ("ap2", "ap3", 2.0), ("ap1", "ap2", 0.5))).json()
+    assert body["accepted"] == 2 and len(body["rejected"]) == 1  # the late one is neither
+    assert _counter(client, "dygserve_events_ingested_total") == ingested + 2
+    assert _counter(client, "dygserve_events_applied_total") == applied + 2
