@@ -226,6 +226,19 @@ def test_history_cap(make) -> None:
     assert len(s.read_log(-1, 100)) == 10  # the global log is not capped per node
 
 
+def test_a_hub_with_more_new_events_than_one_history_write_holds(make) -> None:
+    """The append writes a node's new history entries in chunks of 500 (Lua's unpack
+    limit): a hub in all 1,203 events of one batch keeps every one, in seq order, and
+    each spoke its one; the last chunk is a partial one."""
+    s = make(history_cap=5000)
+    res = s.append_events([ev("hub", f"s{i % 7}", float(i), f"h{i}") for i in range(1203)])
+    assert res.seqs == list(range(1, 1204)) and res.previous_seq["hub"] == -1
+    hub, s3 = s.read_histories(["hub", "s3"])
+    assert [e.seq for e in hub] == list(range(1, 1204))
+    assert [e.t for e in s3] == [float(i) for i in range(3, 1203, 7)]
+    assert s.append_events([ev("s3", "hub", 1202.5, "next")]).previous_seq == {"s3": 1201, "hub": 1203}  # s3 last at i = 1200
+
+
 def test_read_histories_after_and_limit(make) -> None:
     s = make()
     s.append_events([ev("a", "b", float(i), f"e{i}") for i in range(6)] + [ev("c", "d", 1.0, "x")])
