@@ -36,7 +36,9 @@ RUN pip install . \
 # the base dependencies are installed from a list with onnxruntime swapped for the gpu
 # extra (deploy/gpu_requirements.py), and the package itself with --no-deps.
 # mamba-ssm / causal-conv1d are sdist-only: installed best effort without compiling
-# their CUDA kernels (the service falls back to its PyTorch scan when they are absent).
+# their CUDA kernels. The service does not call them (README "What is not there yet":
+# their fused scan cannot express this model's recurrence); on CUDA it runs its own
+# PyTorch kernels either way.
 FROM ${CUDA_IMAGE} AS gpu
 ARG TORCH_VERSION
 ENV DEBIAN_FRONTEND=noninteractive \
@@ -63,11 +65,11 @@ COPY service ./service
 COPY state_store ./state_store
 COPY loadtests ./loadtests
 RUN pip install --no-deps .
-# best effort: a failed build leaves the PyTorch scan in use
+# best effort: the service does not depend on them
 RUN MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE \
     CAUSAL_CONV1D_FORCE_BUILD=TRUE CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE \
     pip install --no-build-isolation $(python deploy/gpu_requirements.py --optional pyproject.toml) \
- || echo "WARNING: mamba-ssm/causal-conv1d not installed; the PyTorch scan will be used"
+ || echo "NOTE: mamba-ssm/causal-conv1d not installed (the service does not use them)"
 # onnxruntime and onnxruntime-gpu must never be co-installed
 RUN python deploy/gpu_requirements.py --check-onnxruntime
 RUN useradd --system --uid 10001 --user-group --home-dir /app --create-home --shell /usr/sbin/nologin app \
