@@ -75,8 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print the sdist-only CUDA extensions on one line (for pip install)",
     )
-    p.add_argument("--check-onnxruntime", action="store_true",
-                   help="exit 1 when onnxruntime and onnxruntime-gpu are both installed")  # fmt: skip
+    p.add_argument(
+        "--check-onnxruntime",
+        action="store_true",
+        help="exit 1 when onnxruntime and onnxruntime-gpu are both installed",
+    )
     a = p.parse_args(argv)
     if a.check_onnxruntime:
         return check_onnxruntime()

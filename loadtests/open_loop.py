@@ -57,7 +57,9 @@ class OpenLoopReport:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
 
-def pairs_from_csv(path: str | Path, limit: int = 30_000, n: int = 1000, seed: int = 0) -> list[tuple[str, str, float]]:
+def pairs_from_csv(
+    path: str | Path, limit: int = 30_000, n: int = 1000, seed: int = 0
+) -> list[tuple[str, str, float]]:
     """``n`` random (src, dst, t) among the nodes of the first ``limit`` rows, t = their last time."""
     from model.data import read_edge_stream
 
@@ -65,7 +67,9 @@ def pairs_from_csv(path: str | Path, limit: int = 30_000, n: int = 1000, seed: i
     nodes = np.unique(np.concatenate([stream.src, stream.dst]))
     rng = np.random.default_rng(seed)
     t = float(stream.t[-1])
-    return [(str(a), str(b), t) for a, b in zip(rng.choice(nodes, n), rng.choice(nodes, n), strict=True)]
+    return [
+        (str(a), str(b), t) for a, b in zip(rng.choice(nodes, n), rng.choice(nodes, n), strict=True)
+    ]
 
 
 def run_open_loop(cfg: OpenLoopConfig, pairs: list[tuple[str, str, float]]) -> OpenLoopReport:
@@ -91,7 +95,11 @@ def run_open_loop(cfg: OpenLoopConfig, pairs: list[tuple[str, str, float]]) -> O
             sent = time.perf_counter()
             late[k] = sent - due > 1e-3
             try:
-                conn.request("GET", "/v1/score?" + urlencode({"src": src, "dst": dst, "t": repr(t)}), headers=headers)
+                conn.request(
+                    "GET",
+                    "/v1/score?" + urlencode({"src": src, "dst": dst, "t": repr(t)}),
+                    headers=headers,
+                )
                 resp = conn.getresponse()
                 resp.read()
                 ok = resp.status == 200
@@ -127,18 +135,24 @@ def run_open_loop(cfg: OpenLoopConfig, pairs: list[tuple[str, str, float]]) -> O
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtests.open_loop", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m loadtests.open_loop", description=__doc__.split("\n\n")[0]
+    )
     d = OpenLoopConfig()
     p.add_argument("--url", default=d.url)
     p.add_argument("--data", required=True, help="edge CSV whose nodes the pairs are drawn from")
-    p.add_argument("--rows", type=int, default=30_000, help="draw nodes from the first N rows (those ingested)")
+    p.add_argument(
+        "--rows", type=int, default=30_000, help="draw nodes from the first N rows (those ingested)"
+    )
     p.add_argument("--rate", type=float, default=d.rate)
     p.add_argument("--duration", type=float, default=d.duration)
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--api-key", default=None)
     p.add_argument("--out", type=Path, default=None, help="write report.json here")
     a = p.parse_args(argv)
-    cfg = OpenLoopConfig(url=a.url, rate=a.rate, duration=a.duration, threads=a.threads, api_key=a.api_key)
+    cfg = OpenLoopConfig(
+        url=a.url, rate=a.rate, duration=a.duration, threads=a.threads, api_key=a.api_key
+    )
     report = run_open_loop(cfg, pairs_from_csv(a.data, limit=a.rows))
     text = report.to_json()
     if a.out:

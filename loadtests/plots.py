@@ -61,8 +61,10 @@ def plot_throughput(
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
     for key, color, style, lw in (
-        ("events", "#4477aa", "-", 2.5), ("accepted", "#228833", "--", 1.2), ("pairs", "#ee6677", "-", 1.2)
-    ):  # fmt: skip
+        ("events", "#4477aa", "-", 2.5),
+        ("accepted", "#228833", "--", 1.2),
+        ("pairs", "#ee6677", "-", 1.2),
+    ):
         if key in timeline:
             ax1.plot(
                 mid,

@@ -155,9 +155,14 @@ def read_events(
         feats = [feats[k] for k in order] if fcols else feats
         t = t[order]
     return EventTable(
-        src=src, dst=dst, t=t, features=feats if fcols else None,
-        feature_names=tuple(header[j] for j in fcols), name=dataset_name(path), first_row=start_row,
-    )  # fmt: skip
+        src=src,
+        dst=dst,
+        t=t,
+        features=feats if fcols else None,
+        feature_names=tuple(header[j] for j in fcols),
+        name=dataset_name(path),
+        first_row=start_row,
+    )
 
 
 # --------------------------------------------------------------------------- config
@@ -290,8 +295,14 @@ def _make_batch(
 
 
 class _Run:
-    def __init__(self, cfg: LoadConfig, table: EventTable, client: httpx.AsyncClient, rec: Recorder,
-                 stop: asyncio.Event) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: LoadConfig,
+        table: EventTable,
+        client: httpx.AsyncClient,
+        rec: Recorder,
+        stop: asyncio.Event,
+    ) -> None:
         self.cfg = cfg
         self.table = table
         self.client = client
@@ -413,9 +424,12 @@ class _Run:
                 self.rec.retries += 1
                 await asyncio.sleep(min(1.0, 0.05 * 2 ** (attempt - 1)))
             status, body = await self._request(
-                ROUTE_EVENTS, "POST", "/v1/events" if self.cfg.wait else "/v1/events?wait=false",
-                content=batch.body, headers=JSON_HEADERS,
-            )  # fmt: skip
+                ROUTE_EVENTS,
+                "POST",
+                "/v1/events" if self.cfg.wait else "/v1/events?wait=false",
+                content=batch.body,
+                headers=JSON_HEADERS,
+            )
             if status == "200":
                 break
             retryable = status.startswith("transport:") or (
@@ -497,8 +511,9 @@ class _Run:
                 f"[{el:6.1f}s] events {r.events_answered} ({r.events_answered / el:.0f}/s), "
                 f"rejected {r.events_rejected}, score pairs {r.score_pairs} "
                 f"({r.score_pairs / el:.0f}/s), failed requests {self.failed_requests}",
-                file=sys.stderr, flush=True,
-            )  # fmt: skip
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 async def wait_ready(client: httpx.AsyncClient, timeout: float) -> None:
@@ -536,8 +551,13 @@ async def run_load(
     headers = {"X-API-Key": cfg.api_key} if cfg.api_key else {}
     n_conn = cfg.concurrency + (cfg.score_concurrency if cfg.score_rate > 0 else 0) + 1
     limits = httpx.Limits(max_connections=n_conn, max_keepalive_connections=n_conn)
-    async with httpx.AsyncClient(base_url=cfg.url.rstrip("/"), headers=headers, timeout=cfg.timeout,
-                                 limits=limits, trust_env=False) as client:  # fmt: skip
+    async with httpx.AsyncClient(
+        base_url=cfg.url.rstrip("/"),
+        headers=headers,
+        timeout=cfg.timeout,
+        limits=limits,
+        trust_env=False,
+    ) as client:
         if cfg.wait_ready > 0:
             await wait_ready(client, cfg.wait_ready)
         rec = Recorder()
@@ -550,9 +570,13 @@ async def run_load(
         producer = asyncio.create_task(run.producer())
         workers = [asyncio.create_task(run.ingest_worker()) for _ in range(cfg.concurrency)]
         scorers = (
-            [asyncio.create_task(run.score_worker(k, score_stop)) for k in range(cfg.score_concurrency)]
-            if cfg.score_rate > 0 else []
-        )  # fmt: skip
+            [
+                asyncio.create_task(run.score_worker(k, score_stop))
+                for k in range(cfg.score_concurrency)
+            ]
+            if cfg.score_rate > 0
+            else []
+        )
         prog = asyncio.create_task(run.progress(cfg.progress, done)) if cfg.progress > 0 else None
         ingest = asyncio.gather(producer, *workers)
         waiters: set[asyncio.Future[Any]] = {ingest, asyncio.ensure_future(stop_ev.wait())}
@@ -580,14 +604,23 @@ async def run_load(
         if prog is not None:
             await prog
     report = rec.build(
-        url=cfg.url, dataset=table.name, stop_reason=run.stop_reason, config=cfg.public(),
-        score_target_rate=cfg.score_rate, elapsed=elapsed,
-    )  # fmt: skip
+        url=cfg.url,
+        dataset=table.name,
+        stop_reason=run.stop_reason,
+        config=cfg.public(),
+        score_target_rate=cfg.score_rate,
+        elapsed=elapsed,
+    )
     return report, {r: list(v) for r, v in rec.latencies.items()}
 
 
-def write_outputs(report: LoadReport, latencies: dict[str, list[float]], out: str | Path,
-                  plots: bool = True, prefix: str = "") -> LoadReport:  # fmt: skip
+def write_outputs(
+    report: LoadReport,
+    latencies: dict[str, list[float]],
+    out: str | Path,
+    plots: bool = True,
+    prefix: str = "",
+) -> LoadReport:
     """Write ``report.json`` and, with ``plots``, ``latency_hist.png`` and ``throughput.png``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -739,15 +772,35 @@ def add_load_arguments(p: argparse.ArgumentParser, defaults: LoadConfig | None =
 
 def config_from_args(a: argparse.Namespace) -> LoadConfig:
     return LoadConfig(
-        url=a.url, data=a.data, out=a.out, batch_size=a.batch_size, concurrency=a.concurrency,
-        event_rate=a.event_rate, max_events=a.max_events, duration=a.duration,
-        score_rate=a.score_rate, score_mode=a.score_mode, score_batch=a.score_batch,
-        score_concurrency=a.score_concurrency, recent_window=a.recent_window, features=a.features,
-        start_row=a.start_row, loop=a.loop, ordering=a.ordering, event_ids=a.event_ids, wait=a.wait,
-        retries=a.retries, timeout=a.timeout, api_key=a.api_key, allow_remote=a.allow_remote,
-        wait_ready=a.wait_ready, max_errors=a.max_errors, seed=a.seed, plots=a.plots,
+        url=a.url,
+        data=a.data,
+        out=a.out,
+        batch_size=a.batch_size,
+        concurrency=a.concurrency,
+        event_rate=a.event_rate,
+        max_events=a.max_events,
+        duration=a.duration,
+        score_rate=a.score_rate,
+        score_mode=a.score_mode,
+        score_batch=a.score_batch,
+        score_concurrency=a.score_concurrency,
+        recent_window=a.recent_window,
+        features=a.features,
+        start_row=a.start_row,
+        loop=a.loop,
+        ordering=a.ordering,
+        event_ids=a.event_ids,
+        wait=a.wait,
+        retries=a.retries,
+        timeout=a.timeout,
+        api_key=a.api_key,
+        allow_remote=a.allow_remote,
+        wait_ready=a.wait_ready,
+        max_errors=a.max_errors,
+        seed=a.seed,
+        plots=a.plots,
         progress=a.progress,
-    )  # fmt: skip
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

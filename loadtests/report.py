@@ -37,9 +37,13 @@ class LatencyStats:
             return cls()
         p50, p95, p99 = np.percentile(a, [50, 95, 99])
         return cls(
-            count=int(a.size), mean_ms=float(a.mean()), p50_ms=float(p50),
-            p95_ms=float(p95), p99_ms=float(p99), max_ms=float(a.max()),
-        )  # fmt: skip
+            count=int(a.size),
+            mean_ms=float(a.mean()),
+            p50_ms=float(p50),
+            p95_ms=float(p95),
+            p99_ms=float(p99),
+            max_ms=float(a.max()),
+        )
 
 
 @dataclass
@@ -205,9 +209,15 @@ class Recorder:
         return out
 
     def build(
-        self, *, url: str, dataset: str, stop_reason: str, config: dict[str, Any],
-        score_target_rate: float, elapsed: float | None = None,
-    ) -> LoadReport:  # fmt: skip
+        self,
+        *,
+        url: str,
+        dataset: str,
+        stop_reason: str,
+        config: dict[str, Any],
+        score_target_rate: float,
+        elapsed: float | None = None,
+    ) -> LoadReport:
         elapsed = self.now() if elapsed is None else elapsed
         el = max(elapsed, 1e-9)
         errors_by_status: Counter[str] = Counter()
@@ -217,20 +227,33 @@ class Recorder:
                     errors_by_status[st] += n
         score_total = sum(self.score_ok.values())
         return LoadReport(
-            url=url, dataset=dataset, started_at=self.started_at, elapsed_s=elapsed,
-            stop_reason=stop_reason, config=config,
-            events_sent=self.events_sent, events_answered=self.events_answered,
-            events_accepted=self.events_accepted, events_duplicate=self.events_duplicate,
+            url=url,
+            dataset=dataset,
+            started_at=self.started_at,
+            elapsed_s=elapsed,
+            stop_reason=stop_reason,
+            config=config,
+            events_sent=self.events_sent,
+            events_answered=self.events_answered,
+            events_accepted=self.events_accepted,
+            events_duplicate=self.events_duplicate,
             events_rejected=self.events_rejected,
             rejected_by_reason=dict(self.rejected_by_reason),
-            events_failed=self.events_failed, event_batches=self.event_batches,
+            events_failed=self.events_failed,
+            event_batches=self.event_batches,
             score_requests={r: int(self.score_ok.get(r, 0)) for r in SCORE_ROUTES},
-            score_pairs=self.score_pairs, score_target_rate=score_target_rate,
-            events_per_s=self.events_answered / el, accepted_per_s=self.events_accepted / el,
-            score_requests_per_s=score_total / el, pairs_per_s=self.score_pairs / el,
+            score_pairs=self.score_pairs,
+            score_target_rate=score_target_rate,
+            events_per_s=self.events_answered / el,
+            accepted_per_s=self.events_accepted / el,
+            score_requests_per_s=score_total / el,
+            pairs_per_s=self.score_pairs / el,
             requests={r: int(sum(c.values())) for r, c in self.status.items()},
             latency={r: LatencyStats.from_seconds(v) for r, v in self.latencies.items()},
             status_counts={r: dict(c) for r, c in self.status.items()},
-            errors_by_status=dict(errors_by_status), errors=int(sum(errors_by_status.values())),
-            error_samples=dict(self.error_samples), retries=self.retries, timeline=self.timeline(elapsed),
-        )  # fmt: skip
+            errors_by_status=dict(errors_by_status),
+            errors=int(sum(errors_by_status.values())),
+            error_samples=dict(self.error_samples),
+            retries=self.retries,
+            timeline=self.timeline(elapsed),
+        )

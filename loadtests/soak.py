@@ -209,9 +209,12 @@ def series_summary(ts: Iterable[float], values: Iterable[float | None]) -> dict[
     if v.size - half >= 2 and np.ptp(t[half:]) > 0:
         slope = float(np.polyfit(t[half:], v[half:], 1)[0] * 60.0)
     return {
-        "start": float(v[0]), "end": float(v[-1]), "max": float(v.max()),
-        "growth": float(v[-1] - v[0]), "slope_per_min": slope,
-    }  # fmt: skip
+        "start": float(v[0]),
+        "end": float(v[-1]),
+        "max": float(v.max()),
+        "growth": float(v[-1] - v[0]),
+        "slope_per_min": slope,
+    }
 
 
 def resolve_pid(cfg: SoakConfig) -> tuple[int | None, str]:
@@ -278,9 +281,12 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         from loadtests.plots import plot_memory
 
         result["files"]["memory"] = str(
-            plot_memory(sampler.samples, out / "memory.png",
-                        f"Soak memory ({report.dataset}, {result['duration_s']:.0f}s)")
-        )  # fmt: skip
+            plot_memory(
+                sampler.samples,
+                out / "memory.png",
+                f"Soak memory ({report.dataset}, {result['duration_s']:.0f}s)",
+            )
+        )
     result["files"]["soak"] = str(out / "soak.json")
     (out / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
@@ -300,8 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=5.0, help="seconds between memory samples")
     p.add_argument("--pid", type=int, default=None, help="service process id (children included)")
     p.add_argument("--pid-file", default=None, help="file holding the service process id")
-    p.add_argument("--redis-url", default=os.environ.get("DYGSERVE_REDIS_URL") or None,
-                   help="Redis to sample INFO memory from (default: $DYGSERVE_REDIS_URL)")  # fmt: skip
+    p.add_argument(
+        "--redis-url",
+        default=os.environ.get("DYGSERVE_REDIS_URL") or None,
+        help="Redis to sample INFO memory from (default: $DYGSERVE_REDIS_URL)",
+    )
     a = p.parse_args(argv)
     load = config_from_args(a)
     try:

@@ -30,10 +30,14 @@ from .streaming import score
 from .training_batches import IndexedStream, NodeEventIndex
 
 
-def edgebank_logits(data: IndexedStream, qs: np.ndarray, qd: np.ndarray, qt: np.ndarray) -> np.ndarray:
+def edgebank_logits(
+    data: IndexedStream, qs: np.ndarray, qd: np.ndarray, qt: np.ndarray
+) -> np.ndarray:
     """1.0 where the directed edge was seen strictly before the query time, else 0.0."""
     code = data.src * data.num_nodes + data.dst
-    uniq, first = np.unique(code, return_index=True)  # first occurrence = earliest time (stream is sorted)
+    uniq, first = np.unique(
+        code, return_index=True
+    )  # first occurrence = earliest time (stream is sorted)
     first_t = data.t[first]
     qc = qs * data.num_nodes + qd
     pos = np.clip(np.searchsorted(uniq, qc), 0, len(uniq) - 1)
@@ -63,9 +67,15 @@ def recompute_scorer(model: DygMambaLinkModel, data: IndexedStream, window: int)
             n = len(qs)
             su, sv = st.select(torch.arange(n)), st.select(torch.arange(n, 2 * n))
             logits = score(
-                model, su, sv, torch.from_numpy(data.keys[qs]), torch.from_numpy(data.keys[qd]),
-                torch.from_numpy(qt.astype(np.float64)), rep.neighbour_lists(qs), rep.neighbour_lists(qd),
-            )  # fmt: skip
+                model,
+                su,
+                sv,
+                torch.from_numpy(data.keys[qs]),
+                torch.from_numpy(data.keys[qd]),
+                torch.from_numpy(qt.astype(np.float64)),
+                rep.neighbour_lists(qs),
+                rep.neighbour_lists(qd),
+            )
             return logits.to(torch.float64).numpy()
 
         return fn
@@ -87,7 +97,9 @@ def run_baselines(
     q.logit = edgebank_logits(data, q.src, q.dst, q.t)
     out["edgebank"] = summarise(q, splits)
     if model.config.use_state:
-        out["recompute"] = recompute(model, data, split, splits, recompute_window, recompute_strategies)
+        out["recompute"] = recompute(
+            model, data, split, splits, recompute_window, recompute_strategies
+        )
     return out
 
 

@@ -106,7 +106,9 @@ def load_checkpoint(directory: str | Path) -> LoadedCheckpoint:
         raise CheckpointError(f"{CHECKSUMS_FILE} is not valid JSON: {exc}") from exc
     for name, data in ((CONFIG_FILE, config_bytes), (WEIGHTS_FILE, weights)):
         if checksums.get(name) != _sha256(data):
-            raise CheckpointError(f"{name} does not match its sha256 in {CHECKSUMS_FILE}: tampered or truncated")
+            raise CheckpointError(
+                f"{name} does not match its sha256 in {CHECKSUMS_FILE}: tampered or truncated"
+            )
     try:
         doc = json.loads(config_bytes)
     except json.JSONDecodeError as exc:
@@ -130,9 +132,14 @@ def load_checkpoint(directory: str | Path) -> LoadedCheckpoint:
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:
-        raise CheckpointError(f"weights do not fit the config: missing {missing[:5]}, unexpected {extra[:5]}")
+        raise CheckpointError(
+            f"weights do not fit the config: missing {missing[:5]}, unexpected {extra[:5]}"
+        )
     for name, tensor in tensors.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape) or tensor.dtype != expected[name].dtype:
+        if (
+            tuple(tensor.shape) != tuple(expected[name].shape)
+            or tensor.dtype != expected[name].dtype
+        ):
             raise CheckpointError(
                 f"tensor {name!r} has shape {tuple(tensor.shape)} {tensor.dtype}, "
                 f"the config implies {tuple(expected[name].shape)} {expected[name].dtype}"

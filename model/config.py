@@ -55,7 +55,9 @@ class ModelConfig(BaseModel):
         description="width of the learned match between each endpoint's hashed id and the other"
         " endpoint's latest neighbours (0 = off); needs node_hash_buckets",
     )
-    identity_match_depth: int = Field(1, ge=1, description="how many of the other endpoint's latest neighbours it matches")
+    identity_match_depth: int = Field(
+        1, ge=1, description="how many of the other endpoint's latest neighbours it matches"
+    )
     head_hidden: int = Field(64, ge=1)
     use_state: bool = Field(True, description="ablation switch: SSM node states in the head")
     use_pair_features: bool = Field(True, description="ablation switch: pair/activity features")
@@ -70,7 +72,9 @@ class ModelConfig(BaseModel):
         if not (self.use_state or self.use_pair_features):
             raise ValueError("at least one of use_state / use_pair_features must be on")
         if self.identity_match_dim and not self.node_hash_buckets:
-            raise ValueError("identity_match_dim needs node_hash_buckets > 0 (the match hashes node ids)")
+            raise ValueError(
+                "identity_match_dim needs node_hash_buckets > 0 (the match hashes node ids)"
+            )
         return self
 
     def with_updates(self, **changes: object) -> ModelConfig:

@@ -35,9 +35,14 @@ class EdgeStream:
 
     def slice(self, index: np.ndarray | slice) -> EdgeStream:
         return EdgeStream(
-            self.src[index], self.dst[index], self.t[index], self.features[index],
-            None if self.labels is None else self.labels[index], self.feature_names, self.name,
-        )  # fmt: skip
+            self.src[index],
+            self.dst[index],
+            self.t[index],
+            self.features[index],
+            None if self.labels is None else self.labels[index],
+            self.feature_names,
+            self.name,
+        )
 
     @property
     def nodes(self) -> np.ndarray:
@@ -50,7 +55,9 @@ def _open_text(path: Path) -> io.TextIOBase:
     return open(path, encoding="utf-8", newline="")
 
 
-def read_edge_stream(path: str | Path, limit: int | None = None, with_features: bool = True) -> EdgeStream:
+def read_edge_stream(
+    path: str | Path, limit: int | None = None, with_features: bool = True
+) -> EdgeStream:
     """Read a dataset file; ``limit`` keeps only the first rows (for tests and demos)."""
     path = Path(path)
     if path.is_dir():
@@ -60,7 +67,11 @@ def read_edge_stream(path: str | Path, limit: int | None = None, with_features: 
         header = [h.strip() for h in next(reader)]
         if header[:3] != ["src", "dst", "ts"]:
             raise ValueError(f"{path}: expected columns src,dst,ts first, got {header[:3]}")
-        feat_cols = [i for i, h in enumerate(header) if h not in NON_FEATURE_COLUMNS] if with_features else []
+        feat_cols = (
+            [i for i, h in enumerate(header) if h not in NON_FEATURE_COLUMNS]
+            if with_features
+            else []
+        )
         label_col = header.index("label") if "label" in header else None
         rows = []
         for i, row in enumerate(reader):
@@ -81,7 +92,9 @@ def read_edge_stream(path: str | Path, limit: int | None = None, with_features: 
         if feat_cols
         else np.zeros((len(rows), 0), dtype=np.float32)
     )
-    labels = table[:, label_col].astype(np.float64).astype(np.int8) if label_col is not None else None
+    labels = (
+        table[:, label_col].astype(np.float64).astype(np.int8) if label_col is not None else None
+    )
     return EdgeStream(
         src=np.array([str(s).strip() for s in table[:, 0]], dtype=object),
         dst=np.array([str(s).strip() for s in table[:, 1]], dtype=object),
@@ -108,12 +121,21 @@ class ChronologicalSplit:
     def inductive(self, stream: EdgeStream, mask: np.ndarray) -> np.ndarray:
         """Events of ``mask`` with at least one endpoint never seen in training."""
         seen = self.train_nodes
-        unseen = np.array([(s not in seen) or (d not in seen) for s, d in zip(stream.src, stream.dst, strict=True)])
+        unseen = np.array(
+            [
+                (s not in seen) or (d not in seen)
+                for s, d in zip(stream.src, stream.dst, strict=True)
+            ]
+        )
         return mask & unseen
 
 
 def chronological_split(
-    stream: EdgeStream, val_ratio: float = 0.15, test_ratio: float = 0.15, new_node_fraction: float = 0.1, seed: int = 2020
+    stream: EdgeStream,
+    val_ratio: float = 0.15,
+    test_ratio: float = 0.15,
+    new_node_fraction: float = 0.1,
+    seed: int = 2020,
 ) -> ChronologicalSplit:
     val_time, test_time = np.quantile(stream.t, [1.0 - val_ratio - test_ratio, 1.0 - test_ratio])
     after_val = stream.t > val_time
@@ -121,7 +143,9 @@ def chronological_split(
     rng = random.Random(seed)
     n_new = int(new_node_fraction * len(stream.nodes))
     new_nodes = frozenset(rng.sample(later_nodes, min(n_new, len(later_nodes))))
-    touches_new = np.array([(s in new_nodes) or (d in new_nodes) for s, d in zip(stream.src, stream.dst, strict=True)])
+    touches_new = np.array(
+        [(s in new_nodes) or (d in new_nodes) for s, d in zip(stream.src, stream.dst, strict=True)]
+    )
     train = (stream.t <= val_time) & ~touches_new
     train_nodes = frozenset(stream.src[train]) | frozenset(stream.dst[train])
     return ChronologicalSplit(

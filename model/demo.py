@@ -42,7 +42,11 @@ def step_scan_parity(model, data: IndexedStream, n_nodes: int = 16, length: int 
         for j in range(ev.t.shape[1]):
             active = (lengths > j).nonzero().squeeze(1)
             one = EventInputs(
-                ev.other_key[active, j], ev.role[active, j], ev.features[active, j], ev.t[active, j], ev.seq[active, j]
+                ev.other_key[active, j],
+                ev.role[active, j],
+                ev.features[active, j],
+                ev.t[active, j],
+                ev.seq[active, j],
             )
             stepped = model.step(h.select(active), one)
             h.h[active], h.conv[active] = stepped.h, stepped.conv
@@ -61,17 +65,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         print(f"[1/3] training 1 epoch on the first {args.events} events of {args.data}")
-        version = train(args.data, tmp, {"d_model": 32, "n_layers": 1}, epochs=1, max_events=args.events, test_eval=False)
+        version = train(
+            args.data,
+            tmp,
+            {"d_model": 32, "n_layers": 1},
+            epochs=1,
+            max_events=args.events,
+            test_eval=False,
+        )
         ckpt = load_checkpoint(tmp)
-        print(f"      model version {version}, {sum(p.numel() for p in ckpt.model.parameters())} parameters, "
-              f"{ckpt.metrics['epoch_times_s'][0]:.1f}s per epoch")
+        print(
+            f"      model version {version}, {sum(p.numel() for p in ckpt.model.parameters())} parameters, "
+            f"{ckpt.metrics['epoch_times_s'][0]:.1f}s per epoch"
+        )
     stream = read_edge_stream(args.data, limit=args.events)
     data, split = IndexedStream.build(stream), chronological_split(stream)
     print("[2/3] streaming evaluation (score, then update; exact visibility)")
-    metrics, _ = evaluate_model(ckpt.model, data, split, ("val", "test"), ("transductive",), ("random", "historical"), 0)
+    metrics, _ = evaluate_model(
+        ckpt.model, data, split, ("val", "test"), ("transductive",), ("random", "historical"), 0
+    )
     for s in ("val", "test"):
         for k, m in metrics[s]["transductive"].items():
-            print(f"      {s:4s} {k:10s} AP {100 * m['ap']:.2f}  AUC {100 * m['auc']:.2f}  ({m['n_positives']} positives)")
+            print(
+                f"      {s:4s} {k:10s} AP {100 * m['ap']:.2f}  AUC {100 * m['auc']:.2f}  ({m['n_positives']} positives)"
+            )
     print("[3/3] step/scan parity on the busiest nodes' real events")
     rel = step_scan_parity(ckpt.model, data)
     ok = rel <= 1e-5

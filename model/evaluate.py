@@ -52,7 +52,12 @@ from .pair_features import PAD_KEY
 from .streaming import NeighbourLists, NodeEvent, advance, endpoint_events, pad_events, score
 from .training_batches import IndexedStream
 
-SPLIT_SEEDS = {("val", "transductive"): 0, ("val", "inductive"): 1, ("test", "transductive"): 2, ("test", "inductive"): 3}
+SPLIT_SEEDS = {
+    ("val", "transductive"): 0,
+    ("val", "inductive"): 1,
+    ("test", "transductive"): 2,
+    ("test", "inductive"): 3,
+}
 MRR_SEEDS = {"val": 10, "test": 12}
 # Bound on rows x padded length of one advance() call when ingesting a big group
 # (keeps the scan's chunk kernels small); nodes are independent, so splitting the
@@ -83,7 +88,9 @@ class StreamReplay:
         keys = d.keys
         for e in np.asarray(events, dtype=np.int64).tolist():
             u, v = int(d.src[e]), int(d.dst[e])
-            a, b = endpoint_events(int(keys[u]), int(keys[v]), d.features[e].tolist(), float(d.t[e]), e)
+            a, b = endpoint_events(
+                int(keys[u]), int(keys[v]), d.features[e].tolist(), float(d.t[e]), e
+            )
             per.setdefault(u, []).append(a)
             per.setdefault(v, []).append(b)
         nodes = np.fromiter(per.keys(), dtype=np.int64, count=len(per))
@@ -105,7 +112,9 @@ class StreamReplay:
         start = 0
         while start < len(order):
             stop = start + 1
-            while stop < len(order) and (stop - start + 1) * lengths[order[stop]] <= INGEST_ROW_BUDGET:
+            while (
+                stop < len(order) and (stop - start + 1) * lengths[order[stop]] <= INGEST_ROW_BUDGET
+            ):
                 stop += 1
             idx = order[start:stop]
             sel = torch.from_numpy(nodes[idx])
@@ -131,7 +140,9 @@ class StreamReplay:
         self.applied += len(events)
 
     def neighbour_lists(self, nodes: np.ndarray) -> NeighbourLists:
-        return NeighbourLists(torch.from_numpy(self.nbr_keys[nodes]), torch.from_numpy(self.nbr_t[nodes]))
+        return NeighbourLists(
+            torch.from_numpy(self.nbr_keys[nodes]), torch.from_numpy(self.nbr_t[nodes])
+        )
 
     def score(self, qs: np.ndarray, qd: np.ndarray, qt: np.ndarray) -> np.ndarray:
         """Logits of (src, dst, t) queries (dense node indices) with ``streaming.score``.
@@ -143,7 +154,12 @@ class StreamReplay:
             return np.zeros(0, dtype=np.float64)
         step = max(256, SCORE_BUDGET // (self.length * self.length))
         if len(qs) > step:
-            return np.concatenate([self.score(qs[i : i + step], qd[i : i + step], qt[i : i + step]) for i in range(0, len(qs), step)])
+            return np.concatenate(
+                [
+                    self.score(qs[i : i + step], qd[i : i + step], qt[i : i + step])
+                    for i in range(0, len(qs), step)
+                ]
+            )
         s_idx, d_idx = torch.from_numpy(qs), torch.from_numpy(qd)
         logits = score(
             self.model,
@@ -190,10 +206,17 @@ def build_queries(
 
     def add(s, d, t, e, kind, setting, split_name):
         n = len(s)
-        rows.append((
-            np.asarray(s, np.int64), np.asarray(d, np.int64), np.asarray(t, np.float64), np.asarray(e, np.int64),
-            np.full(n, kind, dtype=object), np.full(n, setting, dtype=object), np.full(n, split_name, dtype=object),
-        ))  # fmt: skip
+        rows.append(
+            (
+                np.asarray(s, np.int64),
+                np.asarray(d, np.int64),
+                np.asarray(t, np.float64),
+                np.asarray(e, np.int64),
+                np.full(n, kind, dtype=object),
+                np.full(n, setting, dtype=object),
+                np.full(n, split_name, dtype=object),
+            )
+        )
 
     train_nodes = np.array([nid in split.train_nodes for nid in data.node_ids], dtype=bool)
     for split_name in splits:
@@ -207,16 +230,29 @@ def build_queries(
                 sub = ev[~(train_nodes[data.src[ev]] & train_nodes[data.dst[ev]])]
             for strategy in strategies:
                 sampler = EvalNegativeSampler(
-                    data.src, data.dst, data.t, data.num_nodes, last_observed, strategy, SPLIT_SEEDS[(split_name, setting)]
+                    data.src,
+                    data.dst,
+                    data.t,
+                    data.num_nodes,
+                    last_observed,
+                    strategy,
+                    SPLIT_SEEDS[(split_name, setting)],
                 )
-                ns, nd = sampler.sample_batches(data.src[sub], data.dst[sub], data.t[sub], batch_size)
+                ns, nd = sampler.sample_batches(
+                    data.src[sub], data.dst[sub], data.t[sub], batch_size
+                )
                 add(ns, nd, data.t[sub], sub, strategy, setting, split_name)
         if mrr_k > 0:
             neg = mrr_negatives(data.dst[ev], np.unique(data.dst), mrr_k, MRR_SEEDS[split_name])
             add(
-                data.src[ev].repeat(mrr_k), neg.reshape(-1), data.t[ev].repeat(mrr_k), ev.repeat(mrr_k),
-                "mrr", "transductive", split_name,
-            )  # fmt: skip
+                data.src[ev].repeat(mrr_k),
+                neg.reshape(-1),
+                data.t[ev].repeat(mrr_k),
+                ev.repeat(mrr_k),
+                "mrr",
+                "transductive",
+                split_name,
+            )
     cols = list(zip(*rows, strict=True)) if rows else [[np.zeros(0)]] * 7
     q = Queries(*(np.concatenate(c) for c in cols))
     q.logit = np.full(len(q), np.nan)
@@ -273,7 +309,11 @@ def replay(
     q_group = group_of_event[queries.event]
     order = np.argsort(q_group, kind="stable")
     bounds = np.searchsorted(q_group[order], np.arange(len(cuts)))
-    runs = _conflict_free_runs(data, queries, order, bounds, region, cuts) if merge else [(g, g + 1) for g in range(len(cuts) - 1)]
+    runs = (
+        _conflict_free_runs(data, queries, order, bounds, region, cuts)
+        if merge
+        else [(g, g + 1) for g in range(len(cuts) - 1)]
+    )
     bar = None
     if progress:
         from tqdm import tqdm
@@ -293,7 +333,12 @@ def replay(
 
 
 def _conflict_free_runs(
-    data: IndexedStream, queries: Queries, order: np.ndarray, bounds: np.ndarray, region: np.ndarray, cuts: np.ndarray
+    data: IndexedStream,
+    queries: Queries,
+    order: np.ndarray,
+    bounds: np.ndarray,
+    region: np.ndarray,
+    cuts: np.ndarray,
 ) -> list[tuple[int, int]]:
     """Cut the groups into runs [g0, g1) in which no query of a group involves a node
     that an EARLIER group of the same run has events for.
@@ -310,7 +355,9 @@ def _conflict_free_runs(
     for g in range(n_groups):
         qi = order[bounds[g] : bounds[g + 1]]
         if g > start and len(qi):
-            if (touched_in[queries.src[qi]] == run_id).any() or (touched_in[queries.dst[qi]] == run_id).any():
+            if (touched_in[queries.src[qi]] == run_id).any() or (
+                touched_in[queries.dst[qi]] == run_id
+            ).any():
                 runs.append((start, g))
                 run_id += 1
                 start = g
@@ -359,11 +406,19 @@ def write_scores(path: str | Path, data: IndexedStream, queries: Queries) -> Non
         w.writerow(["split", "setting", "kind", "event", "src", "dst", "t", "is_positive", "logit"])
         ids = data.node_ids
         for i in range(len(queries)):
-            w.writerow([
-                queries.split[i], queries.setting[i], queries.kind[i], int(queries.event[i]),
-                ids[queries.src[i]], ids[queries.dst[i]], repr(float(queries.t[i])),
-                int(queries.kind[i] == "pos"), repr(float(queries.logit[i])),
-            ])  # fmt: skip
+            w.writerow(
+                [
+                    queries.split[i],
+                    queries.setting[i],
+                    queries.kind[i],
+                    int(queries.event[i]),
+                    ids[queries.src[i]],
+                    ids[queries.dst[i]],
+                    repr(float(queries.t[i])),
+                    int(queries.kind[i] == "pos"),
+                    repr(float(queries.logit[i])),
+                ]
+            )
 
 
 def evaluate_model(
@@ -386,9 +441,16 @@ def evaluate_model(
     return metrics, queries
 
 
-def validation_ap(model: DygMambaLinkModel, data: IndexedStream, split: ChronologicalSplit, visibility: str = "exact") -> dict[str, float]:
+def validation_ap(
+    model: DygMambaLinkModel,
+    data: IndexedStream,
+    split: ChronologicalSplit,
+    visibility: str = "exact",
+) -> dict[str, float]:
     """The per-epoch check: streaming replay on validation, random negatives."""
-    m, _ = evaluate_model(model, data, split, ("val",), ("transductive",), ("random",), 0, visibility)
+    m, _ = evaluate_model(
+        model, data, split, ("val",), ("transductive",), ("random",), 0, visibility
+    )
     return m["val"]["transductive"]["random"]
 
 
@@ -399,24 +461,43 @@ def default_out_dir(checkpoint: Path) -> Path:
     return ckpt.parent / f"{ckpt.name}-eval-{stamp}"
 
 
-def load_data(path: str | Path, max_events: int | None = None) -> tuple[IndexedStream, ChronologicalSplit]:
+def load_data(
+    path: str | Path, max_events: int | None = None
+) -> tuple[IndexedStream, ChronologicalSplit]:
     stream = read_edge_stream(path, limit=max_events)
     return IndexedStream.build(stream), chronological_split(stream)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dygserve evaluate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoint", required=True, help="checkpoint folder (config.json + weights.safetensors)")
+    ap.add_argument(
+        "--checkpoint", required=True, help="checkpoint folder (config.json + weights.safetensors)"
+    )
     ap.add_argument("--data", required=True, help="dataset folder or edges.csv.gz")
-    ap.add_argument("--out", default=None, help="output folder (default: a new folder beside the checkpoint)")
+    ap.add_argument(
+        "--out", default=None, help="output folder (default: a new folder beside the checkpoint)"
+    )
     ap.add_argument("--visibility", choices=("exact", "batch"), default="exact")
-    ap.add_argument("--write-scores", default=None, metavar="FILE", help="write every query and its logit as CSV")
-    ap.add_argument("--mrr-k", type=int, default=20, help="negatives per positive for MRR (0 = off)")
-    ap.add_argument("--max-events", type=int, default=None, help="only the first N events of the stream")
+    ap.add_argument(
+        "--write-scores",
+        default=None,
+        metavar="FILE",
+        help="write every query and its logit as CSV",
+    )
+    ap.add_argument(
+        "--mrr-k", type=int, default=20, help="negatives per positive for MRR (0 = off)"
+    )
+    ap.add_argument(
+        "--max-events", type=int, default=None, help="only the first N events of the stream"
+    )
     ap.add_argument("--splits", default="val,test")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--settings", default="transductive,inductive")
-    ap.add_argument("--baselines", action="store_true", help="also EdgeBank and the recompute-from-scratch variant")
+    ap.add_argument(
+        "--baselines",
+        action="store_true",
+        help="also EdgeBank and the recompute-from-scratch variant",
+    )
     ap.add_argument("--recompute-window", type=int, default=32, help="L for the recompute baseline")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
@@ -427,17 +508,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ckpt = load_checkpoint(args.checkpoint)
     out = Path(args.out) if args.out else default_out_dir(Path(args.checkpoint))
-    if out.resolve() == Path(args.checkpoint).resolve() or Path(args.checkpoint).resolve() in out.resolve().parents:
+    if (
+        out.resolve() == Path(args.checkpoint).resolve()
+        or Path(args.checkpoint).resolve() in out.resolve().parents
+    ):
         ap.error("--out must not be inside the checkpoint folder")
     out.mkdir(parents=True, exist_ok=True)
     data, split = load_data(args.data, args.max_events)
     if data.feature_dim != ckpt.config.edge_feature_dim:
-        ap.error(f"the data has {data.feature_dim} edge features, the checkpoint expects {ckpt.config.edge_feature_dim}")
+        ap.error(
+            f"the data has {data.feature_dim} edge features, the checkpoint expects {ckpt.config.edge_feature_dim}"
+        )
     splits = tuple(s for s in args.splits.split(",") if s)
     metrics, queries = evaluate_model(
-        ckpt.model, data, split, splits, tuple(args.settings.split(",")), tuple(args.strategies.split(",")),
-        args.mrr_k, args.visibility, progress=True,
-    )  # fmt: skip
+        ckpt.model,
+        data,
+        split,
+        splits,
+        tuple(args.settings.split(",")),
+        tuple(args.strategies.split(",")),
+        args.mrr_k,
+        args.visibility,
+        progress=True,
+    )
     metrics["checkpoint"] = str(Path(args.checkpoint).resolve())
     metrics["model_version"] = ckpt.version
     metrics["data"] = str(args.data)
@@ -445,10 +538,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.baselines:
         from .baselines import run_baselines
 
-        metrics["baselines"] = run_baselines(ckpt.model, data, split, splits, recompute_window=args.recompute_window)
+        metrics["baselines"] = run_baselines(
+            ckpt.model, data, split, splits, recompute_window=args.recompute_window
+        )
     if args.write_scores:
         write_scores(args.write_scores, data, queries)
-    (out / "metrics.json").write_text(json.dumps(_jsonable(metrics), indent=2, sort_keys=True) + "\n")
+    (out / "metrics.json").write_text(
+        json.dumps(_jsonable(metrics), indent=2, sort_keys=True) + "\n"
+    )
     plot_score_histograms(queries, out / "score_histograms.png")
     if ckpt.metrics.get("history"):
         plot_training_curves(ckpt.metrics["history"], out / "training_curves.png")
@@ -477,7 +574,9 @@ def _print_summary(metrics: dict[str, Any]) -> None:
             continue
         for setting in ("transductive", "inductive"):
             for strategy, m in res.get(setting, {}).items():
-                print(f"{split_name:5s} {setting:12s} {strategy:10s} AP {100 * m['ap']:.2f}  AUC {100 * m['auc']:.2f}  (global AP {100 * m['ap_global']:.2f}, n={m['n_positives']})")
+                print(
+                    f"{split_name:5s} {setting:12s} {strategy:10s} AP {100 * m['ap']:.2f}  AUC {100 * m['auc']:.2f}  (global AP {100 * m['ap_global']:.2f}, n={m['n_positives']})"
+                )
         if "mrr" in res:
             print(f"{split_name:5s} MRR@{res['mrr']['k']} {res['mrr']['mrr']:.4f}")
 

@@ -47,7 +47,9 @@ class EventInputs:
     def to(self, device: torch.device | str) -> EventInputs:
         if self.t.device == torch.device(device):
             return self
-        return EventInputs(*(x.to(device) for x in (self.other_key, self.role, self.features, self.t, self.seq)))
+        return EventInputs(
+            *(x.to(device) for x in (self.other_key, self.role, self.features, self.t, self.seq))
+        )
 
 
 def head_inputs(config: ModelConfig, z_u, z_v, pair, match) -> list:
@@ -70,11 +72,14 @@ class DygMambaLinkModel(nn.Module):
         self.config = config
         c = config
         self.time_encoder = make_time_encoder(c)
-        self.node_embedding = nn.Embedding(c.node_hash_buckets, c.d_node) if c.node_hash_buckets else None
+        self.node_embedding = (
+            nn.Embedding(c.node_hash_buckets, c.d_node) if c.node_hash_buckets else None
+        )
         token_in = c.d_time + c.edge_feature_dim + 2 + (c.d_node if c.node_hash_buckets else 0)
         self.token_proj = nn.Linear(token_in, c.d_model)
         self.layers = nn.ModuleList(
-            SelectiveSSMLayer(c.d_model, c.d_inner, c.d_state, c.d_conv, c.d_time) for _ in range(c.n_layers)
+            SelectiveSSMLayer(c.d_model, c.d_inner, c.d_state, c.d_conv, c.d_time)
+            for _ in range(c.n_layers)
         )
         head_in = 0
         if c.use_state:
@@ -95,7 +100,12 @@ class DygMambaLinkModel(nn.Module):
             self.match_before_src = nn.ModuleList(nn.Embedding(b, d) for _ in range(k))
             # Small start: with Adam every entry moves ~lr per step whatever its scale,
             # so from N(0, 1) the tables would stay mostly noise for thousands of steps.
-            for table in (self.match_dst, self.match_src, *self.match_before_dst, *self.match_before_src):
+            for table in (
+                self.match_dst,
+                self.match_src,
+                *self.match_before_dst,
+                *self.match_before_src,
+            ):
                 nn.init.normal_(table.weight, std=0.1)
             head_in += 2 * d
         self.head = nn.Sequential(
@@ -112,9 +122,16 @@ class DygMambaLinkModel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Token residual stream, gap in units and encoded gap for events of any shape."""
         phi = self.time_encoder(gap)
-        parts = [phi, ev.features.to(torch.float32), ev.role.to(torch.float32).unsqueeze(-1), first.to(torch.float32).unsqueeze(-1)]
+        parts = [
+            phi,
+            ev.features.to(torch.float32),
+            ev.role.to(torch.float32).unsqueeze(-1),
+            first.to(torch.float32).unsqueeze(-1),
+        ]
         if self.node_embedding is not None:
-            parts.append(self.node_embedding(torch.remainder(ev.other_key, self.config.node_hash_buckets)))
+            parts.append(
+                self.node_embedding(torch.remainder(ev.other_key, self.config.node_hash_buckets))
+            )
         r = self.token_proj(torch.cat(parts, dim=-1))
         return r, gap_units(gap, self.config.time_norm.scale), phi
 
@@ -122,7 +139,9 @@ class DygMambaLinkModel(nn.Module):
     def _gap(t: torch.Tensor, t_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Gap since the previous event (float64) and a "first event" flag; 0 when first."""
         first = ~torch.isfinite(t_prev)
-        gap = torch.where(first, torch.zeros_like(t), t.to(torch.float64) - torch.where(first, t, t_prev))
+        gap = torch.where(
+            first, torch.zeros_like(t), t.to(torch.float64) - torch.where(first, t, t_prev)
+        )
         return gap, first
 
     # ----- one event per node ----------------------------------------------------------
@@ -160,7 +179,9 @@ class DygMambaLinkModel(nn.Module):
         s = states0 if keeps_order else states0.select(torch.from_numpy(plan.order).to(dev))
         t = ev.t.to(torch.float64)
         prev_pos, has_prev = (x.to(dev) for x in plan.previous_event())
-        t_prev = torch.where(has_prev, t[prev_pos], s.t_last[torch.from_numpy(plan.node_of).to(dev)])
+        t_prev = torch.where(
+            has_prev, t[prev_pos], s.t_last[torch.from_numpy(plan.node_of).to(dev)]
+        )
         gap, first = self._gap(t, t_prev)
         r, g, phi = self.tokens(ev, gap, first)
         k1 = self.config.d_conv - 1
@@ -169,7 +190,14 @@ class DygMambaLinkModel(nn.Module):
         for i, layer in enumerate(self.layers):
             last_layer = i == len(self.layers) - 1
             out, new = layer.ranked(
-                LayerState(s.h[:, i], s.conv[:, i]), r, g, phi, plan, windows, tails, need_outputs=not last_layer
+                LayerState(s.h[:, i], s.conv[:, i]),
+                r,
+                g,
+                phi,
+                plan,
+                windows,
+                tails,
+                need_outputs=not last_layer,
             )
             r = out if out is not None else r
             hs.append(new.h)
@@ -184,11 +212,18 @@ class DygMambaLinkModel(nn.Module):
             last_seq=torch.where(has, ev.seq.to(torch.int64)[last], s.last_seq),
             n_events=s.n_events + lengths,
         )
-        return final if keeps_order else final.select(torch.from_numpy(np.argsort(plan.order)).to(dev))
+        return (
+            final if keeps_order else final.select(torch.from_numpy(np.argsort(plan.order)).to(dev))
+        )
 
     # ----- padded sequences ------------------------------------------------------------
     def scan(
-        self, states0: NodeStates, ev: EventInputs, lengths: torch.Tensor, return_states: bool = False, chunk: int = 64
+        self,
+        states0: NodeStates,
+        ev: EventInputs,
+        lengths: torch.Tensor,
+        return_states: bool = False,
+        chunk: int = 64,
     ) -> tuple[NodeStates, torch.Tensor | None]:
         """Apply up to T events per node (ev fields shaped (N, T), padded past ``lengths``).
 
@@ -202,7 +237,15 @@ class DygMambaLinkModel(nn.Module):
         r, g, phi = self.tokens(ev, gap, first)
         hs, convs, per_pos = [], [], []
         for i, layer in enumerate(self.layers):
-            res = layer.scan(LayerState(states0.h[:, i], states0.conv[:, i]), r, g, phi, lengths, chunk, return_states)
+            res = layer.scan(
+                LayerState(states0.h[:, i], states0.conv[:, i]),
+                r,
+                g,
+                phi,
+                lengths,
+                chunk,
+                return_states,
+            )
             r = res.outputs
             hs.append(res.final.h)
             convs.append(res.final.conv)
@@ -226,14 +269,20 @@ class DygMambaLinkModel(nn.Module):
         A query earlier than t_last is clamped to t_last (gap 0): scoring never rewinds.
         """
         has = torch.isfinite(t_last)
-        gap = torch.where(has, (tau.to(torch.float64) - torch.where(has, t_last, tau)).clamp(min=0.0), 0.0)
+        gap = torch.where(
+            has, (tau.to(torch.float64) - torch.where(has, t_last, tau)).clamp(min=0.0), 0.0
+        )
         g = gap_units(gap, self.config.time_norm.scale)
         return torch.stack([layer.decay(h[:, i], g) for i, layer in enumerate(self.layers)], dim=1)
 
-    def node_readout(self, h: torch.Tensor, t_last: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    def node_readout(
+        self, h: torch.Tensor, t_last: torch.Tensor, tau: torch.Tensor
+    ) -> torch.Tensor:
         return self.readout(self.decay(h, t_last, tau).flatten(1))
 
-    def node_readout_chunked(self, h: torch.Tensor, t_last: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    def node_readout_chunked(
+        self, h: torch.Tensor, t_last: torch.Tensor, tau: torch.Tensor
+    ) -> torch.Tensor:
         """``node_readout`` in row chunks that fit in cache (``ssm.CACHE_BLOCK_ELEMENTS``);
         each row's value does not depend on the chunking. For the serving path only: the
         ONNX export traces ``node_readout``, where a branch on N would fix the batch size."""
@@ -242,7 +291,9 @@ class DygMambaLinkModel(nn.Module):
             return self.node_readout(h, t_last, tau)
         return torch.cat(
             [
-                self.readout(self.decay(h[i : i + rows], t_last[i : i + rows], tau[i : i + rows]).flatten(1))
+                self.readout(
+                    self.decay(h[i : i + rows], t_last[i : i + rows], tau[i : i + rows]).flatten(1)
+                )
                 for i in range(0, len(h), rows)
             ]
         )
@@ -254,9 +305,15 @@ class DygMambaLinkModel(nn.Module):
         per rank, newest first; an empty rank adds nothing)."""
         buckets, k = self.config.node_hash_buckets, self.config.identity_match_depth
 
-        def match(own_table: nn.Embedding, own: torch.Tensor, before: nn.ModuleList, previous: torch.Tensor) -> torch.Tensor:
+        def match(
+            own_table: nn.Embedding,
+            own: torch.Tensor,
+            before: nn.ModuleList,
+            previous: torch.Tensor,
+        ) -> torch.Tensor:
             e_prev = sum(
-                table(torch.remainder(previous[:, r].clamp(min=0), buckets)) * (previous[:, r] >= 0).unsqueeze(-1).to(torch.float32)
+                table(torch.remainder(previous[:, r].clamp(min=0), buckets))
+                * (previous[:, r] >= 0).unsqueeze(-1).to(torch.float32)
                 for r, table in enumerate(before)
             )
             return own_table(torch.remainder(own, buckets)) * e_prev
@@ -279,9 +336,13 @@ class DygMambaLinkModel(nn.Module):
         match = None
         if self.config.identity_match_dim:
             if pair_ids is None:
-                raise ValueError("this model matches node ids: pass pair_ids (pair_features.pair_identity_keys)")
+                raise ValueError(
+                    "this model matches node ids: pass pair_ids (pair_features.pair_identity_keys)"
+                )
             match = self.identity_match(pair_ids)
-        return self.head(torch.cat(head_inputs(self.config, z_u, z_v, pair, match), dim=-1)).squeeze(-1)
+        return self.head(
+            torch.cat(head_inputs(self.config, z_u, z_v, pair, match), dim=-1)
+        ).squeeze(-1)
 
     def score_states(
         self,

@@ -49,7 +49,9 @@ class EvalNegativeSampler:
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"unknown negative strategy {self.strategy!r}, expected one of {STRATEGIES}")
+            raise ValueError(
+                f"unknown negative strategy {self.strategy!r}, expected one of {STRATEGIES}"
+            )
         self.unique_src = np.unique(self.src)
         self.unique_dst = np.unique(self.dst)
         self.code = self.src.astype(np.int64) * self.num_nodes + self.dst.astype(np.int64)
@@ -74,12 +76,19 @@ class EvalNegativeSampler:
         return np.setdiff1d(self.historical_pool(start, end), self.observed, assume_unique=True)
 
     # ----- sampling -----------------------------------------------------------------
-    def random_pairs_avoiding(self, size: int, pos_src: np.ndarray, pos_dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        positives = set((pos_src.astype(np.int64) * self.num_nodes + pos_dst.astype(np.int64)).tolist())
+    def random_pairs_avoiding(
+        self, size: int, pos_src: np.ndarray, pos_dst: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        positives = set(
+            (pos_src.astype(np.int64) * self.num_nodes + pos_dst.astype(np.int64)).tolist()
+        )
         s = self.unique_src[self.random_state.randint(0, len(self.unique_src), size)]
         d = self.unique_dst[self.random_state.randint(0, len(self.unique_dst), size)]
         for _ in range(100):
-            clash = np.array([int(a) * self.num_nodes + int(b) in positives for a, b in zip(s, d, strict=True)], dtype=bool)
+            clash = np.array(
+                [int(a) * self.num_nodes + int(b) in positives for a, b in zip(s, d, strict=True)],
+                dtype=bool,
+            )
             if not clash.any():
                 break
             k = int(clash.sum())
@@ -87,7 +96,9 @@ class EvalNegativeSampler:
             d[clash] = self.unique_dst[self.random_state.randint(0, len(self.unique_dst), k)]
         return s, d
 
-    def sample(self, pos_src: np.ndarray, pos_dst: np.ndarray, pos_t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def sample(
+        self, pos_src: np.ndarray, pos_dst: np.ndarray, pos_t: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Negatives (src, dst) for one evaluation batch of positives (in time order)."""
         size = len(pos_src)
         if size == 0:
@@ -96,7 +107,11 @@ class EvalNegativeSampler:
             d = self.unique_dst[self.random_state.randint(0, len(self.unique_dst), size)]
             return pos_src.astype(np.int64).copy(), d.astype(np.int64)
         start, end = float(pos_t[0]), float(pos_t[-1])
-        pool = self.historical_pool(start, end) if self.strategy == "historical" else self.inductive_pool(start, end)
+        pool = (
+            self.historical_pool(start, end)
+            if self.strategy == "historical"
+            else self.inductive_pool(start, end)
+        )
         if len(pool) >= size:
             pick = pool[self.random_state.choice(len(pool), size=size, replace=False)]
             return pick // self.num_nodes, pick % self.num_nodes
@@ -113,7 +128,9 @@ class EvalNegativeSampler:
         self.reset()
         out_s, out_d = [], []
         for b in range(0, len(pos_src), batch_size):
-            s, d = self.sample(pos_src[b : b + batch_size], pos_dst[b : b + batch_size], pos_t[b : b + batch_size])
+            s, d = self.sample(
+                pos_src[b : b + batch_size], pos_dst[b : b + batch_size], pos_t[b : b + batch_size]
+            )
             out_s.append(s)
             out_d.append(d)
         if not out_s:
@@ -121,9 +138,7 @@ class EvalNegativeSampler:
         return np.concatenate(out_s), np.concatenate(out_d)
 
 
-def mrr_negatives(
-    pos_dst: np.ndarray, candidates: np.ndarray, k: int, seed: int
-) -> np.ndarray:
+def mrr_negatives(pos_dst: np.ndarray, candidates: np.ndarray, k: int, seed: int) -> np.ndarray:
     """K random destinations per positive (TGB style), never the positive's own one."""
     rs = np.random.RandomState(seed)
     out = candidates[rs.randint(0, len(candidates), (len(pos_dst), k))]

@@ -93,7 +93,9 @@ class NodeStates:
 
     def select(self, index: torch.Tensor | list[int]) -> NodeStates:
         idx = torch.as_tensor(index, dtype=torch.long)
-        return NodeStates(self.h[idx], self.conv[idx], self.t_last[idx], self.last_seq[idx], self.n_events[idx])
+        return NodeStates(
+            self.h[idx], self.conv[idx], self.t_last[idx], self.last_seq[idx], self.n_events[idx]
+        )
 
     @staticmethod
     def concat(parts: list[NodeStates]) -> NodeStates:
@@ -106,12 +108,20 @@ class NodeStates:
         )
 
     def clone(self) -> NodeStates:
-        return NodeStates(self.h.clone(), self.conv.clone(), self.t_last.clone(), self.last_seq.clone(), self.n_events.clone())
+        return NodeStates(
+            self.h.clone(),
+            self.conv.clone(),
+            self.t_last.clone(),
+            self.last_seq.clone(),
+            self.n_events.clone(),
+        )
 
     def to(self, device: torch.device | str) -> NodeStates:
         if self.h.device == torch.device(device):
             return self  # the hot path on CPU: no per-tensor calls
-        return NodeStates(*(x.to(device) for x in (self.h, self.conv, self.t_last, self.last_seq, self.n_events)))
+        return NodeStates(
+            *(x.to(device) for x in (self.h, self.conv, self.t_last, self.last_seq, self.n_events))
+        )
 
     @property
     def has_events(self) -> torch.Tensor:
@@ -128,10 +138,15 @@ class NeighbourLists:
 
     @classmethod
     def empty(cls, n: int, length: int) -> NeighbourLists:
-        return cls(torch.full((n, length), PAD_KEY, dtype=torch.int64), torch.full((n, length), np.inf, dtype=torch.float64))
+        return cls(
+            torch.full((n, length), PAD_KEY, dtype=torch.int64),
+            torch.full((n, length), np.inf, dtype=torch.float64),
+        )
 
     @classmethod
-    def from_lists(cls, keys: Sequence[Sequence[int]], times: Sequence[Sequence[float]], length: int) -> NeighbourLists:
+    def from_lists(
+        cls, keys: Sequence[Sequence[int]], times: Sequence[Sequence[float]], length: int
+    ) -> NeighbourLists:
         n = len(keys)
         k = np.full((n, length), PAD_KEY, dtype=np.int64)
         t = np.full((n, length), np.inf, dtype=np.float64)
@@ -169,9 +184,12 @@ class NeighbourLists:
         cols = length + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
         keys[rows, cols] = [e.other_key for e in flat]
         times[rows, cols] = [e.t for e in flat]
-        take = counts[:, None] + np.arange(length)[None, :]  # the last L of row i: n_i .. n_i + L - 1
+        take = (
+            counts[:, None] + np.arange(length)[None, :]
+        )  # the last L of row i: n_i .. n_i + L - 1
         return NeighbourLists(
-            torch.from_numpy(np.take_along_axis(keys, take, 1)), torch.from_numpy(np.take_along_axis(times, take, 1))
+            torch.from_numpy(np.take_along_axis(keys, take, 1)),
+            torch.from_numpy(np.take_along_axis(times, take, 1)),
         )
 
 
@@ -192,15 +210,38 @@ class StateCodec:
         self._arrays_size = 4 * (self._h_size + self._conv_size)
         self.blob_size = HEADER_SIZE + self._arrays_size + 16 * self.list_len
         self._shape_fields = (
-            MAGIC, STATE_FORMAT_VERSION, DTYPE_FLOAT32, config.n_layers, config.d_state,
-            config.d_inner, config.d_conv, self.list_len, self._version_bytes,
-        )  # fmt: skip
-        self._fixed_header = np.frombuffer(self._header(0.0, 0, 0)[:FIXED_HEADER_END], dtype=np.uint8)
+            MAGIC,
+            STATE_FORMAT_VERSION,
+            DTYPE_FLOAT32,
+            config.n_layers,
+            config.d_state,
+            config.d_inner,
+            config.d_conv,
+            self.list_len,
+            self._version_bytes,
+        )
+        self._fixed_header = np.frombuffer(
+            self._header(0.0, 0, 0)[:FIXED_HEADER_END], dtype=np.uint8
+        )
 
     def _header(self, t_last: float, seq: int, n_events: int) -> bytes:
         magic, version, dtype, n_layers, d_state, d_inner, d_conv, list_len, mv = self._shape_fields
         flags = FLAG_HAS_EVENTS if n_events > 0 else 0
-        return HEADER.pack(magic, version, dtype, flags, n_layers, d_state, d_inner, d_conv, list_len, mv, t_last, seq, n_events)
+        return HEADER.pack(
+            magic,
+            version,
+            dtype,
+            flags,
+            n_layers,
+            d_state,
+            d_inner,
+            d_conv,
+            list_len,
+            mv,
+            t_last,
+            seq,
+            n_events,
+        )
 
     def encode_many(self, states: NodeStates, lists: NeighbourLists | None = None) -> list[bytes]:
         """One blob per node (``lists`` None: empty neighbour lists), in one numpy pass."""
@@ -208,7 +249,9 @@ class StateCodec:
         if lists is None:
             lists = NeighbourLists.empty(n, self.list_len)
         if tuple(lists.keys.shape) != (n, self.list_len):
-            raise ValueError(f"neighbour lists of shape {tuple(lists.keys.shape)}, expected {(n, self.list_len)}")
+            raise ValueError(
+                f"neighbour lists of shape {tuple(lists.keys.shape)}, expected {(n, self.list_len)}"
+            )
         parts = [
             states.h.detach().to(torch.float32).contiguous().numpy().reshape(n, -1),
             states.conv.detach().to(torch.float32).contiguous().numpy().reshape(n, -1),
@@ -226,15 +269,36 @@ class StateCodec:
         if len(blob) != self.blob_size:
             raise StateFormatError(f"state blob has {len(blob)} bytes, expected {self.blob_size}")
         fields = HEADER.unpack_from(blob)
-        magic, version, dtype, _flags, n_layers, d_state, d_inner, d_conv, list_len, mv, t, seq, cnt = fields
+        (
+            magic,
+            version,
+            dtype,
+            _flags,
+            n_layers,
+            d_state,
+            d_inner,
+            d_conv,
+            list_len,
+            mv,
+            t,
+            seq,
+            cnt,
+        ) = fields
         if magic != MAGIC:
             raise StateFormatError("not a dygserve state blob (bad magic)")
         if version != STATE_FORMAT_VERSION:
-            raise StateFormatError(f"state format {version}, this code reads {STATE_FORMAT_VERSION}")
-        if (dtype, n_layers, d_state, d_inner, d_conv, list_len) != (DTYPE_FLOAT32, *self._shape_fields[3:8]):
+            raise StateFormatError(
+                f"state format {version}, this code reads {STATE_FORMAT_VERSION}"
+            )
+        if (dtype, n_layers, d_state, d_inner, d_conv, list_len) != (
+            DTYPE_FLOAT32,
+            *self._shape_fields[3:8],
+        ):
             raise StateFormatError("state blob shapes do not match the model config")
         if mv != self._version_bytes:
-            raise StateFormatError(f"state blob belongs to model {mv.hex()}, not {self.model_version}")
+            raise StateFormatError(
+                f"state blob belongs to model {mv.hex()}, not {self.model_version}"
+            )
         return t, seq, cnt
 
     def _checked_rows(self, blobs: list[bytes]) -> np.ndarray:
@@ -254,7 +318,9 @@ class StateCodec:
                 return raw
         for b in blobs:
             self.check_header(b)
-        raise AssertionError("unreachable: a header differs but check_header accepted it")  # pragma: no cover
+        raise AssertionError(
+            "unreachable: a header differs but check_header accepted it"
+        )  # pragma: no cover
 
     def decode_many(self, blobs: list[bytes]) -> NodeStates:
         return self.decode_with_neighbours(blobs)[0]

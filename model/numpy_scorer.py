@@ -54,11 +54,19 @@ def standardised_log_span(span: np.ndarray, norm: TimeNormalisation) -> np.ndarr
 
 
 def pair_features(
-    key_u: np.ndarray, key_v: np.ndarray, tau: np.ndarray,
-    nbr_u: np.ndarray, nbr_t_u: np.ndarray, nbr_v: np.ndarray, nbr_t_v: np.ndarray,
-    n_events_u: np.ndarray, n_events_v: np.ndarray, t_last_u: np.ndarray, t_last_v: np.ndarray,
+    key_u: np.ndarray,
+    key_v: np.ndarray,
+    tau: np.ndarray,
+    nbr_u: np.ndarray,
+    nbr_t_u: np.ndarray,
+    nbr_v: np.ndarray,
+    nbr_t_v: np.ndarray,
+    n_events_u: np.ndarray,
+    n_events_v: np.ndarray,
+    t_last_u: np.ndarray,
+    t_last_v: np.ndarray,
     norm: TimeNormalisation,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """``pair_features.pair_features`` on numpy arrays (same order of columns)."""
     tau_col = tau[:, None]
     ok_u = (nbr_u != PAD_KEY) & (nbr_t_u < tau_col)
@@ -79,7 +87,9 @@ def pair_features(
     seen = np.isfinite(last_uv)
 
     def since(t_prev: np.ndarray, has: np.ndarray) -> np.ndarray:
-        return np.where(has, standardised_log_span(tau - np.where(has, t_prev, tau), norm), np.float32(0.0))
+        return np.where(
+            has, standardised_log_span(tau - np.where(has, t_prev, tau), norm), np.float32(0.0)
+        )
 
     feats = [
         np.log1p(v_in_u.sum(1, dtype=np.float32)),
@@ -97,7 +107,9 @@ def pair_features(
     return np.stack(feats, axis=1).astype(np.float32, copy=False)
 
 
-def latest_visible_neighbours(nbr: np.ndarray, nbr_t: np.ndarray, tau: np.ndarray, depth: int) -> np.ndarray:
+def latest_visible_neighbours(
+    nbr: np.ndarray, nbr_t: np.ndarray, tau: np.ndarray, depth: int
+) -> np.ndarray:
     """``pair_features.latest_visible_neighbours`` on numpy arrays."""
     ok = (nbr != PAD_KEY) & (nbr_t < tau[:, None])
     from_newest = np.cumsum(ok[:, ::-1], axis=1, dtype=np.int32)[:, ::-1]
@@ -116,14 +128,19 @@ class NumpyScorer:
         c: ModelConfig = model.config
         self.config = c
         with torch.no_grad():
-            self.log_decay = [_np(layer.log_decay_rate()) for layer in model.layers]  # (di, ds) each
+            self.log_decay = [
+                _np(layer.log_decay_rate()) for layer in model.layers
+            ]  # (di, ds) each
         if c.use_state:
             linear, norm = model.readout[0], model.readout[1]
             self.readout = _Linear.of(linear)
             self.ln_weight, self.ln_bias, self.ln_eps = _np(norm.weight), _np(norm.bias), norm.eps
         self.head = [_Linear.of(m) for m in model.head if isinstance(m, torch.nn.Linear)]
         if c.identity_match_dim:
-            self.match_dst, self.match_src = _np(model.match_dst.weight), _np(model.match_src.weight)
+            self.match_dst, self.match_src = (
+                _np(model.match_dst.weight),
+                _np(model.match_src.weight),
+            )
             self.match_before_dst = [_np(t.weight) for t in model.match_before_dst]
             self.match_before_src = [_np(t.weight) for t in model.match_before_src]
 
@@ -135,7 +152,9 @@ class NumpyScorer:
         g = np.clip(gap / self.config.time_norm.scale, 0.0, MAX_GAP_UNITS).astype(np.float32)
         decayed = np.empty_like(h)
         for i, log_decay in enumerate(self.log_decay):
-            factor = np.exp(np.maximum(log_decay * g[:, None, None], np.float32(LOG_DECAY_FLOOR))) - np.float32(_FLOOR_FACTOR)
+            factor = np.exp(
+                np.maximum(log_decay * g[:, None, None], np.float32(LOG_DECAY_FLOOR))
+            ) - np.float32(_FLOOR_FACTOR)
             np.multiply(factor, h[:, i], out=decayed[:, i])
         y = self.readout(decayed.reshape(len(h), -1))
         mean = y.mean(-1, keepdims=True)
@@ -146,9 +165,12 @@ class NumpyScorer:
     def identity_match(self, ids: np.ndarray) -> np.ndarray:
         b, k = self.config.node_hash_buckets, self.config.identity_match_depth
 
-        def match(own_table: np.ndarray, own: np.ndarray, before: list[np.ndarray], previous: np.ndarray) -> np.ndarray:
+        def match(
+            own_table: np.ndarray, own: np.ndarray, before: list[np.ndarray], previous: np.ndarray
+        ) -> np.ndarray:
             e_prev = sum(
-                table[np.remainder(np.maximum(previous[:, r], 0), b)] * (previous[:, r] >= 0)[:, None].astype(np.float32)
+                table[np.remainder(np.maximum(previous[:, r], 0), b)]
+                * (previous[:, r] >= 0)[:, None].astype(np.float32)
                 for r, table in enumerate(before)
             )
             return own_table[np.remainder(own, b)] * e_prev
@@ -161,7 +183,13 @@ class NumpyScorer:
             axis=-1,
         )
 
-    def head_logit(self, z_u: np.ndarray | None, z_v: np.ndarray | None, pair: np.ndarray | None, ids: np.ndarray | None) -> np.ndarray:
+    def head_logit(
+        self,
+        z_u: np.ndarray | None,
+        z_v: np.ndarray | None,
+        pair: np.ndarray | None,
+        ids: np.ndarray | None,
+    ) -> np.ndarray:
         match = self.identity_match(ids) if self.config.identity_match_dim else None
         x = np.concatenate(head_inputs(self.config, z_u, z_v, pair, match), axis=-1)
         for layer in self.head[:-1]:
@@ -186,16 +214,30 @@ class NumpyScorer:
         pair = ids = None
         if c.use_pair_features:
             pair = pair_features(
-                keys[iu], keys[iv], tau, nbr[iu], nbr_t[iu], nbr[iv], nbr_t[iv],
-                n_events[iu], n_events[iv], t_last[iu], t_last[iv], c.time_norm,
-            )  # fmt: skip
+                keys[iu],
+                keys[iv],
+                tau,
+                nbr[iu],
+                nbr_t[iu],
+                nbr[iv],
+                nbr_t[iv],
+                n_events[iu],
+                n_events[iv],
+                t_last[iu],
+                t_last[iv],
+                c.time_norm,
+            )
         if c.identity_match_dim:
             d = c.identity_match_depth
             ids = np.concatenate(
-                [keys[iu][:, None], keys[iv][:, None],
-                 latest_visible_neighbours(nbr[iu], nbr_t[iu], tau, d), latest_visible_neighbours(nbr[iv], nbr_t[iv], tau, d)],
+                [
+                    keys[iu][:, None],
+                    keys[iv][:, None],
+                    latest_visible_neighbours(nbr[iu], nbr_t[iu], tau, d),
+                    latest_visible_neighbours(nbr[iv], nbr_t[iv], tau, d),
+                ],
                 axis=1,
-            )  # fmt: skip
+            )
         z_u = z_v = None
         if c.use_state:
             if len(tau) and (tau == tau[0]).all():  # one query time: read each node out once

@@ -58,7 +58,9 @@ def available_providers(preferred: Sequence[str] = PREFERRED_PROVIDERS) -> list[
     have = set(ort.get_available_providers())
     chosen = [p for p in preferred if p in have]
     if not chosen:
-        raise RuntimeError(f"none of the providers {list(preferred)} is available (have {sorted(have)})")
+        raise RuntimeError(
+            f"none of the providers {list(preferred)} is available (have {sorted(have)})"
+        )
     return chosen
 
 
@@ -86,7 +88,9 @@ def read_manifest(onnx_dir: str | Path, expected_version: str | None = None) -> 
         if not path.is_file():
             raise OnnxManifestError(f"ONNX graph missing: {path}")
         if _sha256_file(path) != g.get("sha256"):
-            raise OnnxManifestError(f"{path} does not match its sha256 in {MANIFEST_FILE}: tampered or truncated")
+            raise OnnxManifestError(
+                f"{path} does not match its sha256 in {MANIFEST_FILE}: tampered or truncated"
+            )
     return manifest
 
 
@@ -168,7 +172,9 @@ class OnnxLinkModel:
         Refuses (``OnnxManifestError``) an export whose manifest names another model
         version, whose config differs, or whose graph files do not match their sha256.
         """
-        return cls.from_loaded(load_checkpoint(checkpoint_dir), onnx_dir, providers, intra_op_threads)
+        return cls.from_loaded(
+            load_checkpoint(checkpoint_dir), onnx_dir, providers, intra_op_threads
+        )
 
     # ----- what streaming.advance / streaming.score use -----------------------------------
     def eval(self) -> OnnxLinkModel:
@@ -195,7 +201,9 @@ class OnnxLinkModel:
                 "features": _np(ev.features, np.float32).reshape(n, self.config.edge_feature_dim),
                 "t": _np(t, np.float64),
             }
-            h_new, conv_new = self._step.run(list(STEP_OUTPUTS), {k: v for k, v in feed.items() if k in self._step_inputs})
+            h_new, conv_new = self._step.run(
+                list(STEP_OUTPUTS), {k: v for k, v in feed.items() if k in self._step_inputs}
+            )
             h, conv = torch.from_numpy(h_new), torch.from_numpy(conv_new)
         return NodeStates(
             h=h,
@@ -226,7 +234,9 @@ class OnnxLinkModel:
         if pair_ids is None:
             if self.config.identity_match_dim:
                 raise ValueError("this model matches node ids: pass pair_ids")
-            ids_np = np.zeros((n, pair_id_columns(self.config.identity_match_depth)), dtype=np.int64)  # unused by the graph
+            ids_np = np.zeros(
+                (n, pair_id_columns(self.config.identity_match_depth)), dtype=np.int64
+            )  # unused by the graph
         else:
             ids_np = _np(pair_ids, np.int64)
         feed = {
@@ -245,7 +255,12 @@ class OnnxLinkModel:
 
     # ----- for completeness -------------------------------------------------------------
     def scan(
-        self, states0: NodeStates, ev: EventInputs, lengths: torch.Tensor, return_states: bool = False, chunk: int = 16
+        self,
+        states0: NodeStates,
+        ev: EventInputs,
+        lengths: torch.Tensor,
+        return_states: bool = False,
+        chunk: int = 16,
     ) -> tuple[NodeStates, torch.Tensor | None]:
         """Padded (N, T) events folded through ``step`` (no per-position states)."""
         if return_states:
@@ -255,10 +270,20 @@ class OnnxLinkModel:
             rows = torch.nonzero(lengths > k).squeeze(1)
             if rows.numel() == 0:
                 break
-            step_in = EventInputs(ev.other_key[rows, k], ev.role[rows, k], ev.features[rows, k], ev.t[rows, k], ev.seq[rows, k])
+            step_in = EventInputs(
+                ev.other_key[rows, k],
+                ev.role[rows, k],
+                ev.features[rows, k],
+                ev.t[rows, k],
+                ev.seq[rows, k],
+            )
             new = self.step(cur.select(rows), step_in)
             cur.h[rows], cur.conv[rows] = new.h, new.conv
-            cur.t_last[rows], cur.last_seq[rows], cur.n_events[rows] = new.t_last, new.last_seq, new.n_events
+            cur.t_last[rows], cur.last_seq[rows], cur.n_events[rows] = (
+                new.t_last,
+                new.last_seq,
+                new.n_events,
+            )
         return cur, None
 
     def __repr__(self) -> str:

@@ -109,7 +109,10 @@ class StepGraph(nn.Module):
         # last_seq / n_events / seq only feed the bookkeeping, which the exporter
         # removes as dead code: any int64 (N,) tensor stands in for them.
         states = NodeStates(h=h, conv=conv, t_last=t_last, last_seq=other_key, n_events=other_key)
-        new = self.model.step(states, EventInputs(other_key=other_key, role=role, features=features, t=t, seq=other_key))
+        new = self.model.step(
+            states,
+            EventInputs(other_key=other_key, role=role, features=features, t=t, seq=other_key),
+        )
         return new.h, new.conv
 
 
@@ -137,7 +140,9 @@ class ReadoutHeadGraph(nn.Module):
 
 
 # ===================================================================== sample inputs
-def sample_step_inputs(model: DygMambaLinkModel, n: int = _SAMPLE_N, seed: int = 0) -> dict[str, torch.Tensor]:
+def sample_step_inputs(
+    model: DygMambaLinkModel, n: int = _SAMPLE_N, seed: int = 0
+) -> dict[str, torch.Tensor]:
     """Step inputs of n nodes: some never seen (t_last = -inf), some with history."""
     c = model.config
     g = torch.Generator().manual_seed(seed)
@@ -156,7 +161,9 @@ def sample_step_inputs(model: DygMambaLinkModel, n: int = _SAMPLE_N, seed: int =
     }
 
 
-def sample_readout_inputs(model: DygMambaLinkModel, n: int = _SAMPLE_N, seed: int = 1) -> dict[str, torch.Tensor]:
+def sample_readout_inputs(
+    model: DygMambaLinkModel, n: int = _SAMPLE_N, seed: int = 1
+) -> dict[str, torch.Tensor]:
     c = model.config
     g = torch.Generator().manual_seed(seed)
     scale = c.time_norm.scale
@@ -164,8 +171,12 @@ def sample_readout_inputs(model: DygMambaLinkModel, n: int = _SAMPLE_N, seed: in
     t_v = torch.rand(n, generator=g, dtype=torch.float64) * 100.0 * scale + 1.0e6
     t_u[::3] = NO_TIME
     t_v[1::4] = NO_TIME
-    tau = torch.rand(n, generator=g, dtype=torch.float64) * 200.0 * scale + 1.0e6  # some before t_last
-    pair_ids = torch.randint(0, 2**62, (n, pair_id_columns(c.identity_match_depth)), generator=g, dtype=torch.int64)
+    tau = (
+        torch.rand(n, generator=g, dtype=torch.float64) * 200.0 * scale + 1.0e6
+    )  # some before t_last
+    pair_ids = torch.randint(
+        0, 2**62, (n, pair_id_columns(c.identity_match_depth)), generator=g, dtype=torch.int64
+    )
     pair_ids[::2, 2] = pair_ids[1::3, -1] = -1  # no (or no older) neighbour
     return {
         "h_u": torch.randn(n, c.n_layers, c.d_inner, c.d_state, generator=g),
@@ -182,7 +193,10 @@ def sample_readout_inputs(model: DygMambaLinkModel, n: int = _SAMPLE_N, seed: in
 @contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
     """Silence the exporters' progress lines, deprecation and registration warnings."""
-    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
+    loggers = [
+        logging.getLogger(name)
+        for name in ("torch.onnx", "torch.export", "torch._export", "onnxscript")
+    ]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
@@ -206,7 +220,11 @@ def _export_one(
 ) -> None:
     names = list(inputs)
     args = tuple(inputs[k] for k in names)
-    kwargs: dict[str, Any] = {"input_names": names, "output_names": list(output_names), "dynamo": dynamo}
+    kwargs: dict[str, Any] = {
+        "input_names": names,
+        "output_names": list(output_names),
+        "dynamo": dynamo,
+    }
     if opset is not None:
         kwargs["opset_version"] = opset
     if dynamo:
@@ -231,11 +249,21 @@ def _graph_info(path: Path) -> dict[str, Any]:
         for v in vs:
             tt = v.type.tensor_type
             dims = [d.dim_param if d.dim_param else int(d.dim_value) for d in tt.shape.dim]
-            out.append({"name": v.name, "dtype": onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name, "shape": dims})
+            out.append(
+                {
+                    "name": v.name,
+                    "dtype": onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name,
+                    "shape": dims,
+                }
+            )
         return out
 
     opset = next(int(o.version) for o in proto.opset_import if o.domain in ("", "ai.onnx"))
-    return {"opset": opset, "inputs": values(proto.graph.input), "outputs": values(proto.graph.output)}
+    return {
+        "opset": opset,
+        "inputs": values(proto.graph.input),
+        "outputs": values(proto.graph.output),
+    }
 
 
 def _max_diff_vs_torch(
@@ -281,7 +309,9 @@ def _export_graph(
             info = _graph_info(path)
             diff = _max_diff_vs_torch(path, module, inputs, output_names)
             if not diff <= _SELF_CHECK_TOL:
-                raise OnnxExportError(f"ORT differs from torch by {diff:.3g} on the self-check batch")
+                raise OnnxExportError(
+                    f"ORT differs from torch by {diff:.3g} on the self-check batch"
+                )
         except Exception as exc:  # any exporter/validation failure: try the next exporter
             errors[kind] = f"{type(exc).__name__}: {exc}"[:500]
             continue
@@ -302,7 +332,10 @@ def default_out_dir(checkpoint_dir: str | Path) -> Path:
 
 
 def export_loaded(
-    checkpoint: LoadedCheckpoint, out_dir: str | Path, exporter: str = "auto", opset: int | None = None
+    checkpoint: LoadedCheckpoint,
+    out_dir: str | Path,
+    exporter: str = "auto",
+    opset: int | None = None,
 ) -> dict[str, Any]:
     """Export a loaded checkpoint to ``out_dir``; returns (and writes) the manifest."""
     out = Path(out_dir).resolve()
@@ -316,12 +349,23 @@ def export_loaded(
     model = checkpoint.model.eval()
     graphs = {
         "step": _export_graph(
-            "step", StepGraph(model).eval(), sample_step_inputs(model), STEP_OUTPUTS, out / STEP_FILE, exporter, opset
+            "step",
+            StepGraph(model).eval(),
+            sample_step_inputs(model),
+            STEP_OUTPUTS,
+            out / STEP_FILE,
+            exporter,
+            opset,
         ),
         "readout_head": _export_graph(
-            "readout_head", ReadoutHeadGraph(model).eval(), sample_readout_inputs(model),
-            READOUT_HEAD_OUTPUTS, out / READOUT_HEAD_FILE, exporter, opset,
-        ),  # fmt: skip
+            "readout_head",
+            ReadoutHeadGraph(model).eval(),
+            sample_readout_inputs(model),
+            READOUT_HEAD_OUTPUTS,
+            out / READOUT_HEAD_FILE,
+            exporter,
+            opset,
+        ),
     }
     for g in graphs.values():
         g["sha256"] = _sha256_file(out / g["file"])
@@ -338,7 +382,11 @@ def export_loaded(
         "opset": max(g["opset"] for g in graphs.values()),
         "batch_dim": BATCH_DIM,
         "graphs": graphs,
-        "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__},
+        "versions": {
+            "torch": torch.__version__,
+            "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__,
+        },
     }
     tmp = out / (MANIFEST_FILE + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -347,7 +395,10 @@ def export_loaded(
 
 
 def export_onnx(
-    checkpoint_dir: str | Path, out_dir: str | Path | None = None, exporter: str = "auto", opset: int | None = None
+    checkpoint_dir: str | Path,
+    out_dir: str | Path | None = None,
+    exporter: str = "auto",
+    opset: int | None = None,
 ) -> dict[str, Any]:
     """Load a checkpoint (checksums verified) and export its step and read-out/head graphs.
 
@@ -377,7 +428,9 @@ def _time_call(fn: Any, min_seconds: float = 0.5, max_calls: int = 2000) -> floa
     return float(np.median(blocks))
 
 
-def bench(checkpoint_dir: str | Path, batches: Sequence[int] = (1, 1000), threads: int = 1) -> list[dict[str, Any]]:
+def bench(
+    checkpoint_dir: str | Path, batches: Sequence[int] = (1, 1000), threads: int = 1
+) -> list[dict[str, Any]]:
     """Torch eager vs onnxruntime for ``step`` and ``score_states`` at the given batches."""
     from .onnx_backend import OnnxLinkModel
 
@@ -392,8 +445,16 @@ def bench(checkpoint_dir: str | Path, batches: Sequence[int] = (1, 1000), thread
     rows = []
     for n in batches:
         s = sample_step_inputs(torch_model, n, seed=n)
-        states = NodeStates(s["h"], s["conv"], s["t_last"], torch.zeros(n, dtype=torch.int64), torch.ones(n, dtype=torch.int64))
-        ev = EventInputs(s["other_key"], s["role"], s["features"], s["t"], torch.arange(n, dtype=torch.int64))
+        states = NodeStates(
+            s["h"],
+            s["conv"],
+            s["t_last"],
+            torch.zeros(n, dtype=torch.int64),
+            torch.ones(n, dtype=torch.int64),
+        )
+        ev = EventInputs(
+            s["other_key"], s["role"], s["features"], s["t"], torch.arange(n, dtype=torch.int64)
+        )
         r = sample_readout_inputs(torch_model, n, seed=n + 1)
         su = NodeStates(r["h_u"], s["conv"], r["t_last_u"], states.last_seq, states.n_events)
         sv = NodeStates(r["h_v"], s["conv"], r["t_last_v"], states.last_seq, states.n_events)
@@ -404,30 +465,53 @@ def bench(checkpoint_dir: str | Path, batches: Sequence[int] = (1, 1000), thread
             with torch.inference_mode():
                 return torch_model.step(states, ev)
 
-        def torch_score(su: NodeStates = su, sv: NodeStates = sv, tau: torch.Tensor = r["tau"], pair: Any = pair, ids: Any = ids) -> torch.Tensor:
+        def torch_score(
+            su: NodeStates = su,
+            sv: NodeStates = sv,
+            tau: torch.Tensor = r["tau"],
+            pair: Any = pair,
+            ids: Any = ids,
+        ) -> torch.Tensor:
             with torch.inference_mode():
                 return torch_model.score_states(su, sv, tau, pair, ids)
 
         def ort_step(states: NodeStates = states, ev: EventInputs = ev) -> NodeStates:
             return ort_model.step(states, ev)
 
-        def ort_score(su: NodeStates = su, sv: NodeStates = sv, tau: torch.Tensor = r["tau"], pair: Any = pair, ids: Any = ids) -> torch.Tensor:
+        def ort_score(
+            su: NodeStates = su,
+            sv: NodeStates = sv,
+            tau: torch.Tensor = r["tau"],
+            pair: Any = pair,
+            ids: Any = ids,
+        ) -> torch.Tensor:
             return ort_model.score_states(su, sv, tau, pair, ids)
 
         diff_step = float((torch_step().h - ort_step().h).abs().max())
         diff_score = float((torch_score() - ort_score()).abs().max())
-        for op, ft, fo, diff in (("step", torch_step, ort_step, diff_step), ("score", torch_score, ort_score, diff_score)):
+        for op, ft, fo, diff in (
+            ("step", torch_step, ort_step, diff_step),
+            ("score", torch_score, ort_score, diff_score),
+        ):
             t_torch, t_ort = _time_call(ft), _time_call(fo)
-            rows.append({
-                "op": op, "batch": n, "torch_us": t_torch * 1e6, "ort_us": t_ort * 1e6,
-                "speedup": t_torch / t_ort, "max_abs_diff": diff,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "op": op,
+                    "batch": n,
+                    "torch_us": t_torch * 1e6,
+                    "ort_us": t_ort * 1e6,
+                    "speedup": t_torch / t_ort,
+                    "max_abs_diff": diff,
+                }
+            )
     print(
         f"checkpoint {ck.path} (version {ck.version}), exporter {manifest['exporter']}, opset {manifest['opset']}, "
         f"export {export_s:.1f} s; providers {ort_model.providers}; {threads} thread(s) each; "
         f"torch {torch.__version__}, onnxruntime {manifest['versions']['onnxruntime']}"
     )
-    print("| call | batch | torch eager µs/call | onnxruntime µs/call | torch / ORT | max abs diff |")
+    print(
+        "| call | batch | torch eager µs/call | onnxruntime µs/call | torch / ORT | max abs diff |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         print(
@@ -439,14 +523,30 @@ def bench(checkpoint_dir: str | Path, batches: Sequence[int] = (1, 1000), thread
 
 # ===================================================================== CLI
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m model.onnx_export", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint folder (bench default: checkpoints/default)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default: <checkpoint>-onnx beside it)")
+    p = argparse.ArgumentParser(
+        prog="python -m model.onnx_export", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="checkpoint folder (bench default: checkpoints/default)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default: <checkpoint>-onnx beside it)",
+    )
     p.add_argument("--exporter", choices=("auto", "dynamo", "torchscript"), default="auto")
     p.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's)")
-    p.add_argument("--bench", action="store_true", help="time torch vs onnxruntime for step and score")
+    p.add_argument(
+        "--bench", action="store_true", help="time torch vs onnxruntime for step and score"
+    )
     p.add_argument("--batches", type=int, nargs="+", default=[1, 1000], help="bench batch sizes")
-    p.add_argument("--threads", type=int, default=1, help="bench: torch threads and ORT intra-op threads")
+    p.add_argument(
+        "--threads", type=int, default=1, help="bench: torch threads and ORT intra-op threads"
+    )
     a = p.parse_args(argv)
     if a.bench:
         ck = a.checkpoint or Path(__file__).resolve().parents[1] / "checkpoints" / "default"
@@ -459,7 +559,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"exported model {manifest['model_version']} to {out} "
         f"({manifest['exporter']}, opset {manifest['opset']}): "
-        + ", ".join(f"{g['file']} ({g['self_check_max_diff']:.1e})" for g in manifest["graphs"].values())
+        + ", ".join(
+            f"{g['file']} ({g['self_check_max_diff']:.1e})" for g in manifest["graphs"].values()
+        )
     )
     return 0
 

@@ -66,8 +66,12 @@ def pair_features(
     mu = torch.where(ok_u, nbr_u, hidden_u)
     mv = torch.where(ok_v, nbr_v, hidden_v)
     # (int32 sums of the bool comparisons: a third of the time of the default int64 ones)
-    cv_at_u = (mu.unsqueeze(2) == mv.unsqueeze(1)).sum(2, dtype=torch.int32).to(torch.float32)  # cnt_v[w] at each u-slot
-    cu_at_u = (mu.unsqueeze(2) == mu.unsqueeze(1)).sum(2, dtype=torch.int32).to(torch.float32)  # >= 1: the slot itself
+    cv_at_u = (
+        (mu.unsqueeze(2) == mv.unsqueeze(1)).sum(2, dtype=torch.int32).to(torch.float32)
+    )  # cnt_v[w] at each u-slot
+    cu_at_u = (
+        (mu.unsqueeze(2) == mu.unsqueeze(1)).sum(2, dtype=torch.int32).to(torch.float32)
+    )  # >= 1: the slot itself
     common = (torch.minimum(cv_at_u, cu_at_u) / cu_at_u).mul(okf_u).sum(1)
 
     # Recency of the last u-v interaction seen from either side.
@@ -76,11 +80,15 @@ def pair_features(
         torch.where(v_in_u, nbr_t_u, neg_inf).amax(1), torch.where(u_in_v, nbr_t_v, neg_inf).amax(1)
     )
     seen = torch.isfinite(last_uv)
-    recency = torch.where(seen, standardised_log_span(tau - torch.where(seen, last_uv, tau), norm), 0.0)
+    recency = torch.where(
+        seen, standardised_log_span(tau - torch.where(seen, last_uv, tau), norm), 0.0
+    )
 
     def since_last(t_last: torch.Tensor) -> torch.Tensor:
         has = torch.isfinite(t_last)
-        return torch.where(has, standardised_log_span(tau - torch.where(has, t_last, tau), norm), 0.0)
+        return torch.where(
+            has, standardised_log_span(tau - torch.where(has, t_last, tau), norm), 0.0
+        )
 
     feats = [
         torch.log1p(cnt_v_in_u),
@@ -98,7 +106,9 @@ def pair_features(
     return torch.stack(feats, dim=1)
 
 
-def latest_visible_neighbours(nbr: torch.Tensor, nbr_t: torch.Tensor, tau: torch.Tensor, depth: int) -> torch.Tensor:
+def latest_visible_neighbours(
+    nbr: torch.Tensor, nbr_t: torch.Tensor, tau: torch.Tensor, depth: int
+) -> torch.Tensor:
     """(N, depth) keys of each node's latest ``depth`` neighbours with time < tau, newest
     first, PAD_KEY where there are fewer."""
     ok = (nbr != PAD_KEY) & (nbr_t < tau.to(torch.float64).unsqueeze(1))

@@ -18,11 +18,18 @@ def plot_training_curves(history: list[dict[str, Any]], path: str | Path) -> Non
     axes[0].plot(epochs, [h["train_loss"] for h in history], marker="o")
     axes[0].set_title("training loss (BCE)")
     axes[1].plot(epochs, [h.get("train_ap") for h in history], marker="o", label="train (in-epoch)")
-    axes[1].plot(epochs, [h.get("val_ap") for h in history], marker="o", label="validation (streaming)")
+    axes[1].plot(
+        epochs, [h.get("val_ap") for h in history], marker="o", label="validation (streaming)"
+    )
     axes[1].set_title("AP")
     axes[1].legend()
     axes[2].bar(epochs, [h.get("epoch_time_s", 0) for h in history], label="train")
-    axes[2].bar(epochs, [h.get("eval_time_s", 0) for h in history], bottom=[h.get("epoch_time_s", 0) for h in history], label="validation replay")
+    axes[2].bar(
+        epochs,
+        [h.get("eval_time_s", 0) for h in history],
+        bottom=[h.get("epoch_time_s", 0) for h in history],
+        label="validation replay",
+    )
     axes[2].set_title("seconds per epoch")
     axes[2].legend()
     for ax in axes:
@@ -38,11 +45,15 @@ def plot_score_histograms(queries: Any, path: str | Path) -> None:
     splits = sorted(set(queries.split.tolist()))
     if not kinds or not splits:
         return
-    fig, axes = plt.subplots(len(splits), len(kinds), figsize=(4 * len(kinds), 3.2 * len(splits)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(splits), len(kinds), figsize=(4 * len(kinds), 3.2 * len(splits)), squeeze=False
+    )
     for i, s in enumerate(splits):
         pos = queries.logit[(queries.split == s) & (queries.kind == "pos")]
         for j, k in enumerate(kinds):
-            neg = queries.logit[(queries.split == s) & (queries.kind == k) & (queries.setting != "inductive")]
+            neg = queries.logit[
+                (queries.split == s) & (queries.kind == k) & (queries.setting != "inductive")
+            ]
             ax = axes[i][j]
             lo = float(np.nanmin(np.r_[pos, neg])) if len(pos) + len(neg) else -1.0
             hi = float(np.nanmax(np.r_[pos, neg])) if len(pos) + len(neg) else 1.0

@@ -28,7 +28,9 @@ class RankPlan:
     offsets: np.ndarray  # (T + 1,) start of block k in the packed events
     node_of: np.ndarray  # (E,) sorted node of each packed event
     rank_of: np.ndarray  # (E,) rank k of each packed event
-    packed_pos: np.ndarray  # (E,) packed position of each event listed node-major (sorted node, then rank)
+    packed_pos: (
+        np.ndarray
+    )  # (E,) packed position of each event listed node-major (sorted node, then rank)
 
     @property
     def num_events(self) -> int:
@@ -65,7 +67,9 @@ class RankPlan:
         node_of = np.arange(e, dtype=np.int64) - offsets[rank_of]
         # Node-major enumeration (sorted node j, its events 0..L_j-1) -> packed position.
         nm_node = np.repeat(np.arange(len(order), dtype=np.int64), sorted_len)
-        nm_rank = np.arange(e, dtype=np.int64) - np.repeat(np.cumsum(sorted_len) - sorted_len, sorted_len)
+        nm_rank = np.arange(e, dtype=np.int64) - np.repeat(
+            np.cumsum(sorted_len) - sorted_len, sorted_len
+        )
         packed_pos = offsets[nm_rank] + nm_node
         return cls(order, sorted_len, counts, offsets, node_of, rank_of, packed_pos)
 
@@ -95,7 +99,9 @@ class RankPlan:
     def last_event(self) -> torch.Tensor:
         """(N,) packed position of each sorted node's last event (0 for nodes without one)."""
         k = np.maximum(self.lengths - 1, 0)
-        return torch.from_numpy(np.where(self.lengths > 0, self.offsets[k] + np.arange(self.num_nodes), 0))
+        return torch.from_numpy(
+            np.where(self.lengths > 0, self.offsets[k] + np.arange(self.num_nodes), 0)
+        )
 
     def _sequence_index(self, p: np.ndarray, node: np.ndarray, k1: int) -> np.ndarray:
         in_tail = p < k1

@@ -44,33 +44,129 @@ from .train import train
 # Paper (DyG-Mamba v1, Table 4): transductive AP, mean ± std over 5 runs.
 PAPER_TABLE4 = {
     "wikipedia": {
-        "rnd": {"JODIE": "96.50±0.14", "TGN": "98.45±0.06", "DyGFormer": "99.03±0.02", "DyG-Mamba": "99.08±0.09", "EdgeBank": "90.37±0.00"},
-        "hist": {"JODIE": "83.01±0.66", "TGN": "86.86±0.33", "DyGFormer": "82.23±2.54", "DyG-Mamba": "82.35±1.25", "EdgeBank": "73.35±0.00"},
-        "ind": {"JODIE": "75.65±0.79", "TGN": "85.62±0.44", "DyGFormer": "78.29±5.38", "DyG-Mamba": "87.06±0.86", "EdgeBank": "80.63±0.00"},
+        "rnd": {
+            "JODIE": "96.50±0.14",
+            "TGN": "98.45±0.06",
+            "DyGFormer": "99.03±0.02",
+            "DyG-Mamba": "99.08±0.09",
+            "EdgeBank": "90.37±0.00",
+        },
+        "hist": {
+            "JODIE": "83.01±0.66",
+            "TGN": "86.86±0.33",
+            "DyGFormer": "82.23±2.54",
+            "DyG-Mamba": "82.35±1.25",
+            "EdgeBank": "73.35±0.00",
+        },
+        "ind": {
+            "JODIE": "75.65±0.79",
+            "TGN": "85.62±0.44",
+            "DyGFormer": "78.29±5.38",
+            "DyG-Mamba": "87.06±0.86",
+            "EdgeBank": "80.63±0.00",
+        },
     },
     "mooc": {
-        "rnd": {"JODIE": "80.23±2.44", "TGN": "89.15±1.60", "DyGFormer": "87.52±0.49", "DyG-Mamba": "90.25±0.09", "EdgeBank": "57.97±0.00"},
-        "hist": {"JODIE": "78.94±1.25", "TGN": "87.06±1.93", "DyGFormer": "85.85±0.66", "DyG-Mamba": "87.42±1.57", "EdgeBank": "60.71±0.00"},
-        "ind": {"JODIE": "65.23±2.19", "TGN": "77.50±2.91", "DyGFormer": "81.24±0.69", "DyG-Mamba": "81.19±2.02", "EdgeBank": "49.43±0.00"},
+        "rnd": {
+            "JODIE": "80.23±2.44",
+            "TGN": "89.15±1.60",
+            "DyGFormer": "87.52±0.49",
+            "DyG-Mamba": "90.25±0.09",
+            "EdgeBank": "57.97±0.00",
+        },
+        "hist": {
+            "JODIE": "78.94±1.25",
+            "TGN": "87.06±1.93",
+            "DyGFormer": "85.85±0.66",
+            "DyG-Mamba": "87.42±1.57",
+            "EdgeBank": "60.71±0.00",
+        },
+        "ind": {
+            "JODIE": "65.23±2.19",
+            "TGN": "77.50±2.91",
+            "DyGFormer": "81.24±0.69",
+            "DyG-Mamba": "81.19±2.02",
+            "EdgeBank": "49.43±0.00",
+        },
     },
     "uci": {
-        "rnd": {"JODIE": "89.43±1.09", "TGN": "92.34±1.04", "DyGFormer": "95.79±0.17", "DyG-Mamba": "96.14±0.14", "EdgeBank": "76.20±0.00"},
-        "hist": {"JODIE": "75.24±5.80", "TGN": "80.43±2.12", "DyGFormer": "82.17±0.82", "DyG-Mamba": "81.36±0.14", "EdgeBank": "65.50±0.00"},
-        "ind": {"JODIE": "65.99±1.40", "TGN": "70.94±0.71", "DyGFormer": "72.25±1.71", "DyG-Mamba": "77.75±1.56", "EdgeBank": "57.43±0.00"},
+        "rnd": {
+            "JODIE": "89.43±1.09",
+            "TGN": "92.34±1.04",
+            "DyGFormer": "95.79±0.17",
+            "DyG-Mamba": "96.14±0.14",
+            "EdgeBank": "76.20±0.00",
+        },
+        "hist": {
+            "JODIE": "75.24±5.80",
+            "TGN": "80.43±2.12",
+            "DyGFormer": "82.17±0.82",
+            "DyG-Mamba": "81.36±0.14",
+            "EdgeBank": "65.50±0.00",
+        },
+        "ind": {
+            "JODIE": "65.99±1.40",
+            "TGN": "70.94±0.71",
+            "DyGFormer": "72.25±1.71",
+            "DyG-Mamba": "77.75±1.56",
+            "EdgeBank": "57.43±0.00",
+        },
     },
     "canparl": {
-        "rnd": {"JODIE": "69.26±0.31", "TGN": "70.88±2.34", "DyGFormer": "97.36±0.45", "DyG-Mamba": "98.20±0.52", "EdgeBank": "64.55±0.00"},
-        "hist": {"JODIE": "51.79±0.63", "TGN": "68.42±3.07", "DyGFormer": "97.00±0.31", "DyG-Mamba": "97.39±0.29", "EdgeBank": "63.84±0.00"},
-        "ind": {"JODIE": "48.42±0.66", "TGN": "65.34±2.87", "DyGFormer": "95.44±0.57", "DyG-Mamba": "97.29±0.96", "EdgeBank": "62.16±0.00"},
+        "rnd": {
+            "JODIE": "69.26±0.31",
+            "TGN": "70.88±2.34",
+            "DyGFormer": "97.36±0.45",
+            "DyG-Mamba": "98.20±0.52",
+            "EdgeBank": "64.55±0.00",
+        },
+        "hist": {
+            "JODIE": "51.79±0.63",
+            "TGN": "68.42±3.07",
+            "DyGFormer": "97.00±0.31",
+            "DyG-Mamba": "97.39±0.29",
+            "EdgeBank": "63.84±0.00",
+        },
+        "ind": {
+            "JODIE": "48.42±0.66",
+            "TGN": "65.34±2.87",
+            "DyGFormer": "95.44±0.57",
+            "DyG-Mamba": "97.29±0.96",
+            "EdgeBank": "62.16±0.00",
+        },
     },
     "uslegis": {
-        "rnd": {"JODIE": "75.05±1.52", "TGN": "75.99±0.58", "DyGFormer": "71.11±0.59", "DyG-Mamba": "73.66±1.13", "EdgeBank": "58.39±0.00"},
-        "hist": {"JODIE": "51.71±5.76", "TGN": "74.00±7.57", "DyGFormer": "85.30±3.88", "DyG-Mamba": "88.86±1.40", "EdgeBank": "63.22±0.00"},
-        "ind": {"JODIE": "50.27±5.13", "TGN": "67.57±6.47", "DyGFormer": "81.25±3.62", "DyG-Mamba": "85.61±1.66", "EdgeBank": "64.74±0.00"},
+        "rnd": {
+            "JODIE": "75.05±1.52",
+            "TGN": "75.99±0.58",
+            "DyGFormer": "71.11±0.59",
+            "DyG-Mamba": "73.66±1.13",
+            "EdgeBank": "58.39±0.00",
+        },
+        "hist": {
+            "JODIE": "51.71±5.76",
+            "TGN": "74.00±7.57",
+            "DyGFormer": "85.30±3.88",
+            "DyG-Mamba": "88.86±1.40",
+            "EdgeBank": "63.22±0.00",
+        },
+        "ind": {
+            "JODIE": "50.27±5.13",
+            "TGN": "67.57±6.47",
+            "DyGFormer": "81.25±3.62",
+            "DyG-Mamba": "85.61±1.66",
+            "EdgeBank": "64.74±0.00",
+        },
     },
 }
 PAPER_MODELS = ("JODIE", "TGN", "DyGFormer", "DyG-Mamba")
-NAMES = {"uci": "UCI", "canparl": "Can. Parl.", "uslegis": "US Legis.", "mooc": "MOOC", "wikipedia": "Wikipedia"}
+NAMES = {
+    "uci": "UCI",
+    "canparl": "Can. Parl.",
+    "uslegis": "US Legis.",
+    "mooc": "MOOC",
+    "wikipedia": "Wikipedia",
+}
 SHORT = {"random": "rnd", "historical": "hist", "inductive": "ind"}
 
 # Full protocol would be 100 epochs / patience 20 (paper); these fit 2 shared CPU cores.
@@ -81,7 +177,13 @@ BUDGETS: dict[str, dict[str, Any]] = {
     "wikipedia": {"epochs": 3, "patience": 2, "max_train_events": None, "mrr_k": 5},
     # MOOC: students x 97 course items. Which item follows a student's last one is most
     # of the signal (docs/results/mooc-experiments.md), hence the identity match.
-    "mooc": {"epochs": 8, "patience": 2, "max_train_events": None, "mrr_k": 5, "config": {"identity_match_dim": 128, "identity_match_depth": 3, "neighbour_list_len": 128}},
+    "mooc": {
+        "epochs": 8,
+        "patience": 2,
+        "max_train_events": None,
+        "mrr_k": 5,
+        "config": {"identity_match_dim": 128, "identity_match_depth": 3, "neighbour_list_len": 128},
+    },
 }
 FULL_PROTOCOL_EPOCHS = 100
 
@@ -91,20 +193,33 @@ def _log(msg: str) -> None:
 
 
 def run_dataset(
-    name: str, data_root: Path, out_root: Path, budget: dict[str, Any], wanted: Sequence[str], baselines: bool, reuse: bool
+    name: str,
+    data_root: Path,
+    out_root: Path,
+    budget: dict[str, Any],
+    wanted: Sequence[str],
+    baselines: bool,
+    reuse: bool,
 ) -> dict[str, Any]:
     data_path = data_root / name / "edges.csv.gz"
     out = out_root / name
     out.mkdir(parents=True, exist_ok=True)
     summary_path = out / "summary.json"
-    summary: dict[str, Any] = json.loads(summary_path.read_text()) if (reuse and summary_path.exists()) else {}
+    summary: dict[str, Any] = (
+        json.loads(summary_path.read_text()) if (reuse and summary_path.exists()) else {}
+    )
     summary.update({"dataset": name, "budget": budget})
 
     def save() -> None:
         summary_path.write_text(json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n")
 
     data, split = load_data(data_path)
-    kw = dict(epochs=budget["epochs"], patience=budget["patience"], max_train_events=budget["max_train_events"], progress=False)
+    kw = dict(
+        epochs=budget["epochs"],
+        patience=budget["patience"],
+        max_train_events=budget["max_train_events"],
+        progress=False,
+    )
     base = budget.get("config", {})
     variants = {
         "full": dict(base),
@@ -113,7 +228,9 @@ def run_dataset(
     }
     for variant, cfg in ((v, variants[v]) for v in wanted):
         vdir = out / variant
-        if not (reuse and (vdir / "metrics.json").exists() and variant in summary.get("variants", {})):
+        if not (
+            reuse and (vdir / "metrics.json").exists() and variant in summary.get("variants", {})
+        ):
             _log(f"{name}/{variant}: training ({budget})")
             t0 = time.perf_counter()
             train(data_path, vdir, cfg, test_eval=False, **kw)
@@ -121,19 +238,34 @@ def run_dataset(
             ckpt = load_checkpoint(vdir)
             _log(f"{name}/{variant}: evaluating")
             if variant == "full":
-                metrics, _ = evaluate_model(ckpt.model, data, split, ("val", "test"), ("transductive", "inductive"), STRATEGIES, budget["mrr_k"])
+                metrics, _ = evaluate_model(
+                    ckpt.model,
+                    data,
+                    split,
+                    ("val", "test"),
+                    ("transductive", "inductive"),
+                    STRATEGIES,
+                    budget["mrr_k"],
+                )
             else:
-                metrics, _ = evaluate_model(ckpt.model, data, split, ("test",), ("transductive",), STRATEGIES, 0)
+                metrics, _ = evaluate_model(
+                    ckpt.model, data, split, ("test",), ("transductive",), STRATEGIES, 0
+                )
             summary.setdefault("variants", {})[variant] = {
-                "version": ckpt.version, "train": ckpt.metrics, "eval": metrics, "train_wall_s": train_wall,
-            }  # fmt: skip
+                "version": ckpt.version,
+                "train": ckpt.metrics,
+                "eval": metrics,
+                "train_wall_s": train_wall,
+            }
             save()
     if baselines and not (reuse and "baselines" in summary):
         from .baselines import run_baselines
 
         _log(f"{name}: baselines")
         ckpt = load_checkpoint(out / "full")
-        summary["baselines"] = run_baselines(ckpt.model, data, split, ("test",), recompute_window=32, mrr_k=0)
+        summary["baselines"] = run_baselines(
+            ckpt.model, data, split, ("test",), recompute_window=32, mrr_k=0
+        )
         if ckpt.config.use_state:
             from .baselines import recompute
 
@@ -180,18 +312,26 @@ def render(summaries: list[dict[str, Any]], doc: Path, out_root: Path) -> None:
     L: list[str] = []
     w = L.append
     w("# Results: causal streaming DyG-Mamba (dygserve) vs the paper\n")
-    w(f"Generated by `python -m model.results` on {datetime.now(UTC).date()} "
-      f"({platform.machine()}, torch {torch.__version__}, **1 torch thread on a 2-core machine shared with other jobs**). "
-      f"Raw outputs: `{out_root}/<dataset>/summary.json`.\n")  # fmt: skip
-    w("Every number of ours comes from the **streaming evaluator** (`model/evaluate.py`): the stream is replayed in time "
-      "order, the queries of each timestamp are scored from the cached per-node states and recent-neighbour lists "
-      "(`streaming.score`), then that timestamp's events are ingested (`streaming.advance`) -- the same two functions, "
-      "hence the same numbers, as the HTTP service. Single seed (0); the paper reports the mean ± std of 5 seeds.\n")
-    w("**Budgets.** The paper trains 100 epochs with patience 20. Our rows are marked with the budget they had; "
-      "every row below is a *reduced budget* relative to that protocol (see the last column of the first table).\n")
+    w(
+        f"Generated by `python -m model.results` on {datetime.now(UTC).date()} "
+        f"({platform.machine()}, torch {torch.__version__}, **1 torch thread on a 2-core machine shared with other jobs**). "
+        f"Raw outputs: `{out_root}/<dataset>/summary.json`.\n"
+    )
+    w(
+        "Every number of ours comes from the **streaming evaluator** (`model/evaluate.py`): the stream is replayed in time "
+        "order, the queries of each timestamp are scored from the cached per-node states and recent-neighbour lists "
+        "(`streaming.score`), then that timestamp's events are ingested (`streaming.advance`) -- the same two functions, "
+        "hence the same numbers, as the HTTP service. Single seed (0); the paper reports the mean ± std of 5 seeds.\n"
+    )
+    w(
+        "**Budgets.** The paper trains 100 epochs with patience 20. Our rows are marked with the budget they had; "
+        "every row below is a *reduced budget* relative to that protocol (see the last column of the first table).\n"
+    )
 
     w("## Transductive AP (test), random / historical / inductive negatives\n")
-    w("| dataset | NSS | JODIE | TGN | DyGFormer | DyG-Mamba | EdgeBank (paper) | EdgeBank (ours, same queries) | **ours** | budget |")
+    w(
+        "| dataset | NSS | JODIE | TGN | DyGFormer | DyG-Mamba | EdgeBank (paper) | EdgeBank (ours, same queries) | **ours** | budget |"
+    )
     w("|---|---|---|---|---|---|---|---|---|---|")
     for s in summaries:
         name = s["dataset"]
@@ -199,13 +339,20 @@ def render(summaries: list[dict[str, Any]], doc: Path, out_root: Path) -> None:
             p = PAPER_TABLE4.get(name, {}).get(SHORT[strat], {})
             ours = _get(s, "variants", "full", "eval", "test", "transductive", strat, "ap")
             eb = _get(s, "baselines", "edgebank", "test", "transductive", strat, "ap")
-            w(f"| {NAMES.get(name, name)} | {SHORT[strat]} | " + " | ".join(p.get(m, "–") for m in PAPER_MODELS)
-              + f" | {p.get('EdgeBank', '–')} | {_pct(eb)} | **{_pct(ours)}** | {_reduced(s)} |")  # fmt: skip
+            w(
+                f"| {NAMES.get(name, name)} | {SHORT[strat]} | "
+                + " | ".join(p.get(m, "–") for m in PAPER_MODELS)
+                + f" | {p.get('EdgeBank', '–')} | {_pct(eb)} | **{_pct(ours)}** | {_reduced(s)} |"
+            )
     w("")
     w("## Ours in more detail (test)\n")
-    w("AP averaged over DyGLib evaluation batches of 200 positives (global AP in brackets), AUC-ROC likewise; MRR "
-      "of each positive against K random destinations (TGB-style rank, ties counted half).\n")
-    w("| dataset | setting | rnd AP (global) | rnd AUC | hist AP | hist AUC | ind AP | ind AUC | MRR (K) | val AP rnd |")
+    w(
+        "AP averaged over DyGLib evaluation batches of 200 positives (global AP in brackets), AUC-ROC likewise; MRR "
+        "of each positive against K random destinations (TGB-style rank, ties counted half).\n"
+    )
+    w(
+        "| dataset | setting | rnd AP (global) | rnd AUC | hist AP | hist AUC | ind AP | ind AUC | MRR (K) | val AP rnd |"
+    )
     w("|---|---|---|---|---|---|---|---|---|---|")
     for s in summaries:
         ev = _get(s, "variants", "full", "eval") or {}
@@ -222,10 +369,14 @@ def render(summaries: list[dict[str, Any]], doc: Path, out_root: Path) -> None:
             w("| " + " | ".join(row) + " |")
     w("")
     w("## Cached streaming states vs recompute-from-scratch (the paper's way of serving)\n")
-    w("Same weights, same queries (test, transductive, random negatives), same head and pair features; only the node "
-      "states differ: *cached* = the state carried over the node's whole history (what the service keeps), "
-      "*recompute* = both endpoints' last L events re-scanned from the initial state for every query.\n")
-    w("| dataset | cached AP | recompute AP, L=32 | gap (cached - L=32) | recompute AP, L=8 | gap (cached - L=8) | L=32 replay time |")
+    w(
+        "Same weights, same queries (test, transductive, random negatives), same head and pair features; only the node "
+        "states differ: *cached* = the state carried over the node's whole history (what the service keeps), "
+        "*recompute* = both endpoints' last L events re-scanned from the initial state for every query.\n"
+    )
+    w(
+        "| dataset | cached AP | recompute AP, L=32 | gap (cached - L=32) | recompute AP, L=8 | gap (cached - L=8) | L=32 replay time |"
+    )
     w("|---|---|---|---|---|---|---|")
     for s in summaries:
         c = _get(s, "variants", "full", "eval", "test", "transductive", "random", "ap")
@@ -239,8 +390,11 @@ def render(summaries: list[dict[str, Any]], doc: Path, out_root: Path) -> None:
     w("## Ablation (same budget; test, transductive AP)\n")
     w("| dataset | variant | rnd | hist | ind | epochs | s / epoch |")
     w("|---|---|---|---|---|---|---|")
-    labels = {"full": "state + pair features (default)", "state_only": "SSM state only (use_pair_features=False)",
-              "features_only": "pair/activity features only (use_state=False)"}  # fmt: skip
+    labels = {
+        "full": "state + pair features (default)",
+        "state_only": "SSM state only (use_pair_features=False)",
+        "features_only": "pair/activity features only (use_state=False)",
+    }
     for s in summaries:
         for variant in ("full", "state_only", "features_only"):
             v = _get(s, "variants", variant)
@@ -253,12 +407,16 @@ def render(summaries: list[dict[str, Any]], doc: Path, out_root: Path) -> None:
             label = labels[variant]
             if cfg.get("identity_match_dim"):
                 label += f" + identity match (width {cfg['identity_match_dim']}, depth {cfg.get('identity_match_depth', 1)})"
-            w(f"| {NAMES.get(s['dataset'], s['dataset'])} | {label} | {_pct(_get(r, 'random', 'ap'))} | "
-              f"{_pct(_get(r, 'historical', 'ap'))} | {_pct(_get(r, 'inductive', 'ap'))} | {len(tr.get('history', []))} | "
-              f"{_secs(ept)} |")  # fmt: skip
+            w(
+                f"| {NAMES.get(s['dataset'], s['dataset'])} | {label} | {_pct(_get(r, 'random', 'ap'))} | "
+                f"{_pct(_get(r, 'historical', 'ap'))} | {_pct(_get(r, 'inductive', 'ap'))} | {len(tr.get('history', []))} | "
+                f"{_secs(ept)} |"
+            )
     w("")
     w("## Training and evaluation cost on this CPU\n")
-    w("| dataset | events | train events used | epochs run (best) | train s / epoch | validation replay s / epoch | full evaluation replay s |")
+    w(
+        "| dataset | events | train events used | epochs run (best) | train s / epoch | validation replay s / epoch | full evaluation replay s |"
+    )
     w("|---|---|---|---|---|---|---|")
     for s in summaries:
         v = _get(s, "variants", "full") or {}
@@ -268,9 +426,14 @@ def render(summaries: list[dict[str, Any]], doc: Path, out_root: Path) -> None:
         val_s = sum(h.get("eval_time_s", 0) for h in hist) / len(hist) if hist else None
         ept = tr.get("mean_epoch_time_s")
         cells = [
-            NAMES.get(s["dataset"], s["dataset"]), _int(tr.get("events")), _int(tr.get("train_events")),
-            f"{len(hist)} ({tr.get('best_epoch', '–')})", _secs(ept), _secs(val_s), _secs(ev_s),
-        ]  # fmt: skip
+            NAMES.get(s["dataset"], s["dataset"]),
+            _int(tr.get("events")),
+            _int(tr.get("train_events")),
+            f"{len(hist)} ({tr.get('best_epoch', '–')})",
+            _secs(ept),
+            _secs(val_s),
+            _secs(ev_s),
+        ]
         w("| " + " | ".join(cells) + " |")
     w("")
     w(FINDINGS)
@@ -367,19 +530,38 @@ DIFFERENCES = """## How our setting differs from the paper's
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m model.results", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m model.results", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--data", default="../shared/data")
     ap.add_argument("--out", default="runs/results")
     ap.add_argument("--doc", default="docs/RESULTS.md")
     ap.add_argument("--datasets", default="uci,canparl,uslegis,mooc,wikipedia")
-    ap.add_argument("--epochs", type=int, default=None, help="override every dataset's epoch budget")
-    ap.add_argument("--max-train-events", type=int, default=None, help="override: train on the last N training events")
+    ap.add_argument(
+        "--epochs", type=int, default=None, help="override every dataset's epoch budget"
+    )
+    ap.add_argument(
+        "--max-train-events",
+        type=int,
+        default=None,
+        help="override: train on the last N training events",
+    )
     ap.add_argument("--mrr-k", type=int, default=None)
-    ap.add_argument("--no-ablation", action="store_true", help="the full model only (same as --variants full)")
-    ap.add_argument("--variants", default="full,state_only,features_only", help="which models to train and evaluate")
+    ap.add_argument(
+        "--no-ablation", action="store_true", help="the full model only (same as --variants full)"
+    )
+    ap.add_argument(
+        "--variants",
+        default="full,state_only,features_only",
+        help="which models to train and evaluate",
+    )
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--reuse", action="store_true", help="skip steps whose outputs already exist")
-    ap.add_argument("--render-only", action="store_true", help="only rewrite the document from existing summaries")
+    ap.add_argument(
+        "--render-only",
+        action="store_true",
+        help="only rewrite the document from existing summaries",
+    )
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     unknown = set(args.variants.split(",")) - {"full", "state_only", "features_only", ""}
@@ -389,7 +571,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_root, names = Path(args.out), [d for d in args.datasets.split(",") if d]
     if not args.render_only:
         for name in names:
-            budget = dict(BUDGETS.get(name, {"epochs": 3, "patience": 2, "max_train_events": None, "mrr_k": 20}))
+            budget = dict(
+                BUDGETS.get(
+                    name, {"epochs": 3, "patience": 2, "max_train_events": None, "mrr_k": 20}
+                )
+            )
             if args.epochs is not None:
                 budget["epochs"] = args.epochs
             if args.max_train_events is not None:
@@ -397,7 +583,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.mrr_k is not None:
                 budget["mrr_k"] = args.mrr_k
             wanted = ["full"] if args.no_ablation else [v for v in args.variants.split(",") if v]
-            run_dataset(name, Path(args.data), out_root, budget, wanted, not args.no_baselines, args.reuse)
+            run_dataset(
+                name, Path(args.data), out_root, budget, wanted, not args.no_baselines, args.reuse
+            )
             _render_all(names, out_root, Path(args.doc))
     _render_all(names, out_root, Path(args.doc))
     print(f"wrote {args.doc}")
@@ -408,7 +596,11 @@ def _render_all(names: list[str], out_root: Path, doc: Path) -> None:
     order = [n for n in ("uci", "canparl", "uslegis", "wikipedia", "mooc") if n in names] + [
         n for n in names if n not in ("uci", "canparl", "uslegis", "wikipedia", "mooc")
     ]
-    summaries = [json.loads((out_root / n / "summary.json").read_text()) for n in order if (out_root / n / "summary.json").exists()]
+    summaries = [
+        json.loads((out_root / n / "summary.json").read_text())
+        for n in order
+        if (out_root / n / "summary.json").exists()
+    ]
     # also datasets run earlier but not named now
     for p in sorted(out_root.glob("*/summary.json")):
         if p.parent.name not in order:

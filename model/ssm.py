@@ -121,13 +121,17 @@ class SelectiveSSMLayer(nn.Module):
         self.x_proj = nn.Linear(d_inner, 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(d_time, d_inner)
         self.decay_rate = nn.Parameter(torch.empty(d_inner))  # lam: softplus(lam) per channel
-        self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1, dtype=torch.float32)).repeat(d_inner, 1))
+        self.A_log = nn.Parameter(
+            torch.log(torch.arange(1, d_state + 1, dtype=torch.float32)).repeat(d_inner, 1)
+        )
         self.D = nn.Parameter(torch.ones(d_inner))
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
         self._init_parameters()
 
     def _init_parameters(self) -> None:
-        nn.init.uniform_(self.conv_weight, -1.0 / math.sqrt(self.d_conv), 1.0 / math.sqrt(self.d_conv))
+        nn.init.uniform_(
+            self.conv_weight, -1.0 / math.sqrt(self.d_conv), 1.0 / math.sqrt(self.d_conv)
+        )
         # Mamba's dt init: softplus(b_dt) log-uniform in [1e-3, 1e-1].
         dt = torch.exp(torch.rand(self.d_inner) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
         with torch.no_grad():
@@ -220,7 +224,10 @@ class SelectiveSSMLayer(nn.Module):
         while k < len(plan.counts):
             # A run of ranks [k, k_end) whose decays and inputs fit the budget.
             k_end = k + 1
-            while k_end < len(plan.counts) and (offsets[k_end + 1] - offsets[k]) * per_event <= block_elements:
+            while (
+                k_end < len(plan.counts)
+                and (offsets[k_end + 1] - offsets[k]) * per_event <= block_elements
+            ):
                 k_end += 1
             base, stop = offsets[k], offsets[k_end]
             a = decay_factor_(rate * g[base:stop, None, None])

@@ -31,12 +31,18 @@ class NodeEvent(NamedTuple):
     seq: int
 
 
-def endpoint_events(src_key: int, dst_key: int, features: Sequence[float], t: float, seq: int) -> tuple[NodeEvent, NodeEvent]:
+def endpoint_events(
+    src_key: int, dst_key: int, features: Sequence[float], t: float, seq: int
+) -> tuple[NodeEvent, NodeEvent]:
     """The event (src, dst, t) as seen from the source and from the destination."""
-    return NodeEvent(dst_key, ROLE_SRC, features, t, seq), NodeEvent(src_key, ROLE_DST, features, t, seq)
+    return NodeEvent(dst_key, ROLE_SRC, features, t, seq), NodeEvent(
+        src_key, ROLE_DST, features, t, seq
+    )
 
 
-def pad_events(per_node: Sequence[Sequence[NodeEvent]], feature_dim: int) -> tuple[EventInputs, torch.Tensor]:
+def pad_events(
+    per_node: Sequence[Sequence[NodeEvent]], feature_dim: int
+) -> tuple[EventInputs, torch.Tensor]:
     """Per-node event lists -> padded (N, T) inputs and lengths."""
     n = len(per_node)
     lengths = np.fromiter((len(e) for e in per_node), dtype=np.int64, count=n)
@@ -55,7 +61,9 @@ def pad_events(per_node: Sequence[Sequence[NodeEvent]], feature_dim: int) -> tup
         times[rows, cols] = [e.t for e in flat]
         seqs[rows, cols] = [e.seq for e in flat]
         if feature_dim:
-            feats[rows, cols] = np.asarray([e.features for e in flat], dtype=np.float32).reshape(-1, feature_dim)
+            feats[rows, cols] = np.asarray([e.features for e in flat], dtype=np.float32).reshape(
+                -1, feature_dim
+            )
     ev = EventInputs(
         other_key=torch.from_numpy(other),
         role=torch.from_numpy(role),
@@ -66,7 +74,9 @@ def pad_events(per_node: Sequence[Sequence[NodeEvent]], feature_dim: int) -> tup
     return ev, torch.from_numpy(lengths)
 
 
-def pack_events(per_node: Sequence[Sequence[NodeEvent]], plan: RankPlan, feature_dim: int) -> EventInputs:
+def pack_events(
+    per_node: Sequence[Sequence[NodeEvent]], plan: RankPlan, feature_dim: int
+) -> EventInputs:
     """Per-node event lists -> (E,) inputs packed rank-major by ``plan``."""
     e = plan.num_events
     flat = [ev for i in plan.order.tolist() for ev in per_node[i]]
@@ -81,7 +91,9 @@ def pack_events(per_node: Sequence[Sequence[NodeEvent]], plan: RankPlan, feature
     times[pos] = [x.t for x in flat]
     seqs[pos] = [x.seq for x in flat]
     if feature_dim and e:
-        feats[pos] = np.asarray([x.features for x in flat], dtype=np.float32).reshape(e, feature_dim)
+        feats[pos] = np.asarray([x.features for x in flat], dtype=np.float32).reshape(
+            e, feature_dim
+        )
     return EventInputs(
         other_key=torch.from_numpy(other),
         role=torch.from_numpy(role),
@@ -92,7 +104,9 @@ def pack_events(per_node: Sequence[Sequence[NodeEvent]], plan: RankPlan, feature
 
 
 @torch.no_grad()
-def advance(model: DygMambaLinkModel, states: NodeStates, per_node: Sequence[Sequence[NodeEvent]]) -> NodeStates:
+def advance(
+    model: DygMambaLinkModel, states: NodeStates, per_node: Sequence[Sequence[NodeEvent]]
+) -> NodeStates:
     """Apply each node's events (already in (t, seq) order) to its state.
 
     All nodes at once: the events are packed rank-major and applied by
@@ -106,10 +120,14 @@ def advance(model: DygMambaLinkModel, states: NodeStates, per_node: Sequence[Seq
     if not hasattr(model, "apply_ranked"):
         return _advance_stepwise(model, states, per_node)
     plan = RankPlan.build([len(e) for e in per_node])
-    return model.apply_ranked(states, pack_events(per_node, plan, model.config.edge_feature_dim), plan)
+    return model.apply_ranked(
+        states, pack_events(per_node, plan, model.config.edge_feature_dim), plan
+    )
 
 
-def _advance_stepwise(model: DygMambaLinkModel, states: NodeStates, per_node: Sequence[Sequence[NodeEvent]]) -> NodeStates:
+def _advance_stepwise(
+    model: DygMambaLinkModel, states: NodeStates, per_node: Sequence[Sequence[NodeEvent]]
+) -> NodeStates:
     """Segmented step: rank k applies the k-th event of every node that has one."""
     lengths = [len(e) for e in per_node]
     rows = [i for i, n in enumerate(lengths) if n > 0]
@@ -120,7 +138,13 @@ def _advance_stepwise(model: DygMambaLinkModel, states: NodeStates, per_node: Se
     cur = states.select(rows)
     for k in range(int(ev.t.shape[1])):
         active = torch.nonzero(lens > k).squeeze(1)
-        step_in = EventInputs(ev.other_key[active, k], ev.role[active, k], ev.features[active, k], ev.t[active, k], ev.seq[active, k])
+        step_in = EventInputs(
+            ev.other_key[active, k],
+            ev.role[active, k],
+            ev.features[active, k],
+            ev.t[active, k],
+            ev.seq[active, k],
+        )
         _assign(cur, active, model.step(cur.select(active), step_in))
     _assign(out, torch.tensor(rows), cur)
     return out
@@ -128,7 +152,11 @@ def _advance_stepwise(model: DygMambaLinkModel, states: NodeStates, per_node: Se
 
 def _assign(target: NodeStates, rows: torch.Tensor, source: NodeStates) -> None:
     target.h[rows], target.conv[rows] = source.h, source.conv
-    target.t_last[rows], target.last_seq[rows], target.n_events[rows] = source.t_last, source.last_seq, source.n_events
+    target.t_last[rows], target.last_seq[rows], target.n_events[rows] = (
+        source.t_last,
+        source.last_seq,
+        source.n_events,
+    )
 
 
 @torch.no_grad()
@@ -146,13 +174,30 @@ def score(
     pair = None
     if model.config.use_pair_features:
         pair = pair_features(
-            key_u, key_v, tau, nu.keys, nu.times, nv.keys, nv.times,
-            su.n_events, sv.n_events, su.t_last, sv.t_last, model.config.time_norm,
-        )  # fmt: skip
+            key_u,
+            key_v,
+            tau,
+            nu.keys,
+            nu.times,
+            nv.keys,
+            nv.times,
+            su.n_events,
+            sv.n_events,
+            su.t_last,
+            sv.t_last,
+            model.config.time_norm,
+        )
     ids = None
     if model.config.identity_match_dim:
         ids = pair_identity_keys(
-            key_u, key_v, tau, nu.keys, nu.times, nv.keys, nv.times, model.config.identity_match_depth
+            key_u,
+            key_v,
+            tau,
+            nu.keys,
+            nu.times,
+            nv.keys,
+            nv.times,
+            model.config.identity_match_depth,
         )
     return model.score_states(su, sv, tau.to(torch.float64), pair, ids)
 
@@ -175,19 +220,45 @@ def score_nodes(
     are gathered per pair. Equal to ``score`` on the gathered states (tested).
     """
     if not isinstance(model, DygMambaLinkModel):  # the ONNX backend scores whole pairs
-        return score(model, states.select(iu), states.select(iv), keys[iu], keys[iv], tau, lists.select(iu), lists.select(iv))
+        return score(
+            model,
+            states.select(iu),
+            states.select(iv),
+            keys[iu],
+            keys[iv],
+            tau,
+            lists.select(iu),
+            lists.select(iv),
+        )
     cfg = model.config
     tau = tau.to(torch.float64)
     pair = None
     if cfg.use_pair_features:
         pair = pair_features(
-            keys[iu], keys[iv], tau, lists.keys[iu], lists.times[iu], lists.keys[iv], lists.times[iv],
-            states.n_events[iu], states.n_events[iv], states.t_last[iu], states.t_last[iv], cfg.time_norm,
-        )  # fmt: skip
+            keys[iu],
+            keys[iv],
+            tau,
+            lists.keys[iu],
+            lists.times[iu],
+            lists.keys[iv],
+            lists.times[iv],
+            states.n_events[iu],
+            states.n_events[iv],
+            states.t_last[iu],
+            states.t_last[iv],
+            cfg.time_norm,
+        )
     ids = None
     if cfg.identity_match_dim:
         ids = pair_identity_keys(
-            keys[iu], keys[iv], tau, lists.keys[iu], lists.times[iu], lists.keys[iv], lists.times[iv], cfg.identity_match_depth
+            keys[iu],
+            keys[iv],
+            tau,
+            lists.keys[iu],
+            lists.times[iu],
+            lists.keys[iv],
+            lists.times[iv],
+            cfg.identity_match_depth,
         )
     if not cfg.use_state:
         return model.head_logit(None, None, pair, ids)

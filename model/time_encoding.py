@@ -49,7 +49,9 @@ class SinusoidalTimeEncoder(nn.Module):
 
     def forward(self, span: torch.Tensor) -> torch.Tensor:
         # Clamped like the decay's gap units: an absurd span must not become inf in float32.
-        s = torch.clamp(span.to(torch.float64) / self.norm.scale, min=0.0, max=1e30).to(torch.float32)
+        s = torch.clamp(span.to(torch.float64) / self.norm.scale, min=0.0, max=1e30).to(
+            torch.float32
+        )
         return torch.cos(s.unsqueeze(-1) * self.omega + self.phase)
 
 
@@ -87,5 +89,7 @@ def fit_time_normalisation(gaps: torch.Tensor) -> TimeNormalisation:
     logs = torch.log1p(g / scale)
     std = float(logs.std()) if g.numel() > 1 else 1.0
     return TimeNormalisation(
-        scale=scale, log_mean=float(logs.mean()), log_std=std if std > 1e-6 and math.isfinite(std) else 1.0
+        scale=scale,
+        log_mean=float(logs.mean()),
+        log_std=std if std > 1e-6 and math.isfinite(std) else 1.0,
     )

@@ -130,7 +130,9 @@ class EpochRunner:
             return init, None
         return self.model.scan(init, ev, lengths, return_states=True, chunk=SCAN_CHUNK)
 
-    def batch_loss(self, b0: int, b1: int, rng: np.random.Generator) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    def batch_loss(
+        self, b0: int, b1: int, rng: np.random.Generator
+    ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
         d, idx, cfg = self.data, self.index, self.model.config
         ev = self.events[b0:b1]
         u, v, t = d.src[ev], d.dst[ev], d.t[ev]
@@ -142,7 +144,9 @@ class EpochRunner:
         else:
             q_m = self.done[q_nodes].copy()
         touched = np.unique(q_nodes)
-        end = self.done[touched] + np.bincount(np.concatenate([u, v]), minlength=d.num_nodes)[touched]
+        end = (
+            self.done[touched] + np.bincount(np.concatenate([u, v]), minlength=d.num_nodes)[touched]
+        )
         a = self.anchor_count[touched]
         if self.visibility == "exact":
             t_next = d.t[self.events[b1]] if b1 < len(self.events) else np.inf
@@ -214,16 +218,32 @@ class EpochRunner:
 
             def pf(a_sl: slice, b_sl: slice) -> torch.Tensor:
                 return pair_features(
-                    keys[a_sl], keys[b_sl], tau, lists.keys[a_sl], lists.times[a_sl], lists.keys[b_sl],
-                    lists.times[b_sl], m_t[a_sl], m_t[b_sl], last[a_sl], last[b_sl], cfg.time_norm,
-                )  # fmt: skip
+                    keys[a_sl],
+                    keys[b_sl],
+                    tau,
+                    lists.keys[a_sl],
+                    lists.times[a_sl],
+                    lists.keys[b_sl],
+                    lists.times[b_sl],
+                    m_t[a_sl],
+                    m_t[b_sl],
+                    last[a_sl],
+                    last[b_sl],
+                    cfg.time_norm,
+                )
 
             pair = torch.cat([pf(su, sv), pf(su, sn)])
         if cfg.identity_match_dim:
 
             def pid(a_sl: slice, b_sl: slice) -> torch.Tensor:
                 return pair_identity_keys(
-                    keys[a_sl], keys[b_sl], tau, lists.keys[a_sl], lists.times[a_sl], lists.keys[b_sl], lists.times[b_sl],
+                    keys[a_sl],
+                    keys[b_sl],
+                    tau,
+                    lists.keys[a_sl],
+                    lists.times[a_sl],
+                    lists.keys[b_sl],
+                    lists.times[b_sl],
                     cfg.identity_match_depth,
                 )
 
@@ -246,23 +266,32 @@ class EpochRunner:
 
 
 # ===================================================================== resumable state
-def _save_train_state(out: Path, model: DygMambaLinkModel, opt: torch.optim.Optimizer, doc: dict[str, Any]) -> None:
+def _save_train_state(
+    out: Path, model: DygMambaLinkModel, opt: torch.optim.Optimizer, doc: dict[str, Any]
+) -> None:
     st = out / TRAIN_STATE_DIR
     st.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(st / "model.safetensors"))
+    save_file(
+        {k: v.detach().contiguous() for k, v in model.state_dict().items()},
+        str(st / "model.safetensors"),
+    )
     osd = opt.state_dict()
     tensors = {}
     for pid, pstate in osd["state"].items():
         for name, val in pstate.items():
             tensors[f"{pid}.{name}"] = val if torch.is_tensor(val) else torch.tensor(val)
-    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(st / "optimizer.safetensors"))
+    save_file(
+        {k: v.detach().contiguous() for k, v in tensors.items()}, str(st / "optimizer.safetensors")
+    )
     doc = {**doc, "param_groups": osd["param_groups"]}
     tmp = st / "state.json.tmp"
     tmp.write_text(json.dumps(_jsonable(doc), indent=2, sort_keys=True) + "\n")
     tmp.replace(st / "state.json")
 
 
-def _load_train_state(out: Path, model: DygMambaLinkModel, opt: torch.optim.Optimizer) -> dict[str, Any] | None:
+def _load_train_state(
+    out: Path, model: DygMambaLinkModel, opt: torch.optim.Optimizer
+) -> dict[str, Any] | None:
     st = out / TRAIN_STATE_DIR
     if not (st / "state.json").exists():
         return None
@@ -334,12 +363,24 @@ def train(
             if doc.get("stopped"):
                 start_epoch = epochs
     info = {
-        "dataset": stream.name, "data": str(data_path), "events": len(data), "train_events": int(len(train_events)),
-        "train_events_total": int(split.train.sum()), "val_events": int(split.val.sum()), "test_events": int(split.test.sum()), "visibility": visibility,
-        "window": window, "batch_size": batch_size, "lr": lr, "seed": seed, "epochs": epochs,
-        "patience": patience, "max_events": max_events, "max_train_events": max_train_events,
+        "dataset": stream.name,
+        "data": str(data_path),
+        "events": len(data),
+        "train_events": int(len(train_events)),
+        "train_events_total": int(split.train.sum()),
+        "val_events": int(split.val.sum()),
+        "test_events": int(split.test.sum()),
+        "visibility": visibility,
+        "window": window,
+        "batch_size": batch_size,
+        "lr": lr,
+        "seed": seed,
+        "epochs": epochs,
+        "patience": patience,
+        "max_events": max_events,
+        "max_train_events": max_train_events,
         "torch_threads": torch.get_num_threads(),
-    }  # fmt: skip
+    }
     bad_epochs = (len(history) - 1 - best["epoch"]) if (history and best["epoch"] >= 0) else 0
     stopped = False
     for epoch in range(start_epoch, epochs):
@@ -373,7 +414,10 @@ def train(
                 if i % 10 == 0:
                     recent_y = np.concatenate(all_labels[-10:])
                     recent_s = np.concatenate(all_logits[-10:])
-                    bar.set_postfix(loss=f"{np.mean(losses[-10:]):.4f}", ap=f"{average_precision(recent_y, recent_s):.4f}")
+                    bar.set_postfix(
+                        loss=f"{np.mean(losses[-10:]):.4f}",
+                        ap=f"{average_precision(recent_y, recent_s):.4f}",
+                    )
         if bar is not None:
             bar.close()
         train_time = time.perf_counter() - t0
@@ -382,10 +426,16 @@ def train(
         val = validation_ap(model, data, split, visibility)
         eval_time = time.perf_counter() - t1
         row = {
-            "epoch": epoch, "train_loss": float(np.mean(losses)), "train_ap": average_precision(y, s),
-            "train_auc": roc_auc(y, s), "val_ap": val["ap"], "val_auc": val["auc"], "val_ap_global": val["ap_global"],
-            "epoch_time_s": train_time, "eval_time_s": eval_time,
-        }  # fmt: skip
+            "epoch": epoch,
+            "train_loss": float(np.mean(losses)),
+            "train_ap": average_precision(y, s),
+            "train_auc": roc_auc(y, s),
+            "val_ap": val["ap"],
+            "val_auc": val["auc"],
+            "val_ap_global": val["ap_global"],
+            "epoch_time_s": train_time,
+            "eval_time_s": eval_time,
+        }
         history.append(row)
         if progress:
             print(
@@ -399,13 +449,24 @@ def train(
             save_checkpoint(out, model, _metrics_doc(info, cfg, history, best, None))
         else:
             bad_epochs += 1
-        _save_train_state(out, model, opt, {
-            "epoch": epoch, "history": history, "best": best, "config": cfg.model_dump(mode="json"), "info": info,
-        })  # fmt: skip
+        _save_train_state(
+            out,
+            model,
+            opt,
+            {
+                "epoch": epoch,
+                "history": history,
+                "best": best,
+                "config": cfg.model_dump(mode="json"),
+                "info": info,
+            },
+        )
     if stopped or bad_epochs >= patience:
         doc = json.loads((out / TRAIN_STATE_DIR / "state.json").read_text())
         doc["stopped"] = True
-        (out / TRAIN_STATE_DIR / "state.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        (out / TRAIN_STATE_DIR / "state.json").write_text(
+            json.dumps(doc, indent=2, sort_keys=True) + "\n"
+        )
 
     # Reload the best epoch and finish its metrics (test with the streaming evaluator).
     from .checkpoint import load_checkpoint
@@ -413,28 +474,45 @@ def train(
     ckpt = load_checkpoint(out)
     test = None
     if test_eval:
-        m, _ = evaluate_model(ckpt.model, data, split, ("test",), ("transductive",), ("random",), 0, visibility)
+        m, _ = evaluate_model(
+            ckpt.model, data, split, ("test",), ("transductive",), ("random",), 0, visibility
+        )
         test = m["test"]["transductive"]["random"]
         if progress:
-            print(f"best epoch {best['epoch']}: val AP {best['ap']:.4f}, test AP {test['ap']:.4f} AUC {test['auc']:.4f}")
+            print(
+                f"best epoch {best['epoch']}: val AP {best['ap']:.4f}, test AP {test['ap']:.4f} AUC {test['auc']:.4f}"
+            )
     return save_checkpoint(out, ckpt.model, _metrics_doc(info, ckpt.config, history, best, test))
 
 
 def _metrics_doc(
-    info: dict[str, Any], cfg: ModelConfig, history: list[dict[str, Any]], best: dict[str, Any], test: dict[str, Any] | None
+    info: dict[str, Any],
+    cfg: ModelConfig,
+    history: list[dict[str, Any]],
+    best: dict[str, Any],
+    test: dict[str, Any] | None,
 ) -> dict[str, Any]:
     best_row = next((h for h in history if h["epoch"] == best["epoch"]), {})
     doc = {
         **info,
         "best_epoch": best["epoch"],
-        "val": {"ap": best_row.get("val_ap"), "auc": best_row.get("val_auc"), "ap_global": best_row.get("val_ap_global"),
-                "negatives": "random", "setting": "transductive"},
-        "test": None if test is None else {**test, "negatives": "random", "setting": "transductive"},
+        "val": {
+            "ap": best_row.get("val_ap"),
+            "auc": best_row.get("val_auc"),
+            "ap_global": best_row.get("val_ap_global"),
+            "negatives": "random",
+            "setting": "transductive",
+        },
+        "test": None
+        if test is None
+        else {**test, "negatives": "random", "setting": "transductive"},
         "epoch_times_s": [h["epoch_time_s"] for h in history],
-        "mean_epoch_time_s": float(np.mean([h["epoch_time_s"] for h in history])) if history else None,
+        "mean_epoch_time_s": float(np.mean([h["epoch_time_s"] for h in history]))
+        if history
+        else None,
         "history": history,
         "config": cfg.model_dump(mode="json"),
-    }  # fmt: skip
+    }
     return _jsonable(doc)
 
 
@@ -447,21 +525,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--patience", type=int, default=3)
-    ap.add_argument("--max-events", type=int, default=None, help="only the first N events of the stream")
-    ap.add_argument("--max-train-events", type=int, default=None, help="train on the last N training events only")
-    ap.add_argument("--window", type=int, default=16, help="events re-scanned before each batch (gradient window)")
+    ap.add_argument(
+        "--max-events", type=int, default=None, help="only the first N events of the stream"
+    )
+    ap.add_argument(
+        "--max-train-events",
+        type=int,
+        default=None,
+        help="train on the last N training events only",
+    )
+    ap.add_argument(
+        "--window",
+        type=int,
+        default=16,
+        help="events re-scanned before each batch (gradient window)",
+    )
     ap.add_argument("--visibility", choices=("exact", "batch"), default="exact")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/train_state")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="ModelConfig override, e.g. d_model=32")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="ModelConfig override, e.g. d_model=32",
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     version = train(
-        args.data, args.out, parse_overrides(args.set), args.epochs, args.batch_size, args.lr, args.seed,
-        args.patience, args.max_events, args.visibility, args.resume, args.window, not args.no_progress,
+        args.data,
+        args.out,
+        parse_overrides(args.set),
+        args.epochs,
+        args.batch_size,
+        args.lr,
+        args.seed,
+        args.patience,
+        args.max_events,
+        args.visibility,
+        args.resume,
+        args.window,
+        not args.no_progress,
         max_train_events=args.max_train_events,
-    )  # fmt: skip
+    )
     print(f"model version {version} -> {args.out}")
     return 0
 

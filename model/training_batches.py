@@ -87,7 +87,9 @@ class NodeEventIndex:
         ev2 = np.concatenate([events, events])
         node = np.concatenate([data.src[events], data.dst[events]])
         other = np.concatenate([data.dst[events], data.src[events]])
-        role = np.concatenate([np.full(len(events), ROLE_SRC), np.full(len(events), ROLE_DST)]).astype(np.int64)
+        role = np.concatenate(
+            [np.full(len(events), ROLE_SRC), np.full(len(events), ROLE_DST)]
+        ).astype(np.int64)
         order = np.lexsort((role, ev2, node))  # by node, then event (t, seq), then src before dst
         node, ev2, other, role = node[order], ev2[order], other[order], role[order]
         offsets = np.zeros(n + 1, dtype=np.int64)
@@ -130,12 +132,18 @@ class NodeEventIndex:
         else:
             keys = np.where(valid, self.other_key[idx], PAD_KEY)
             times = np.where(valid, self.t[idx], np.inf)
-        return NeighbourLists(torch.from_numpy(keys.astype(np.int64)), torch.from_numpy(times.astype(np.float64)))
+        return NeighbourLists(
+            torch.from_numpy(keys.astype(np.int64)), torch.from_numpy(times.astype(np.float64))
+        )
 
     def last_time(self, nodes: np.ndarray, m: np.ndarray) -> np.ndarray:
         """Time of each node's m-th event (the last one of the prefix), -inf when m == 0."""
         idx = self.offsets[nodes] + m - 1
-        return np.where(m > 0, self.t[np.clip(idx, 0, max(len(self.t) - 1, 0))] if len(self.t) else -np.inf, -np.inf)
+        return np.where(
+            m > 0,
+            self.t[np.clip(idx, 0, max(len(self.t) - 1, 0))] if len(self.t) else -np.inf,
+            -np.inf,
+        )
 
     def event_inputs(
         self, data: IndexedStream, nodes: np.ndarray, start: np.ndarray, stop: np.ndarray

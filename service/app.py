@@ -73,7 +73,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         torch.set_num_threads(settings.torch_threads)
         keep_freed_memory()  # big torch temporaries reuse heap pages instead of faulting in new ones
-        runtime = ModelRuntime.load(settings.checkpoint, settings.backend, settings.onnx_dir, settings.device)
+        runtime = ModelRuntime.load(
+            settings.checkpoint, settings.backend, settings.onnx_dir, settings.device
+        )
         store = make_store(
             settings.redis_url,
             history_cap=settings.history_cap,
@@ -139,15 +141,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return _error(400, "JSON nested too deeply")
 
     # ----- write ---------------------------------------------------------------------
-    @app.post("/v1/events", response_model=EventsResponse, dependencies=[Depends(require_api_key)], tags=["ingest"], responses=ERROR_RESPONSES)
-    async def post_events(body: EventsRequest, engine: EngineDep, wait: bool = True) -> ORJSONResponse:
+    @app.post(
+        "/v1/events",
+        response_model=EventsResponse,
+        dependencies=[Depends(require_api_key)],
+        tags=["ingest"],
+        responses=ERROR_RESPONSES,
+    )
+    async def post_events(
+        body: EventsRequest, engine: EngineDep, wait: bool = True
+    ) -> ORJSONResponse:
         """Log a batch of edge events, then advance both endpoints' states by one step each.
 
         ``wait=true`` (default) answers after the states are committed; ``wait=false``
         answers once the events are logged (durable, exactly once) and applies them
         in the background."""
         if len(body.events) > settings.max_batch_events:
-            raise RequestRefused(413, f"{len(body.events)} events; at most {settings.max_batch_events} per request")
+            raise RequestRefused(
+                413, f"{len(body.events)} events; at most {settings.max_batch_events} per request"
+            )
         start = time.perf_counter()
         metrics.BATCH_SIZE.labels(kind="ingest").observe(len(body.events))
         events = body.model_dump()["events"]  # one call: per event it cost 3x as much
@@ -158,7 +170,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             result, logged = await run_in_threadpool(engine.log_events, rt, events)
             result["applied"] = not logged
             if logged:
-                task = asyncio.create_task(run_in_threadpool(engine.apply_in_background, rt, logged))
+                task = asyncio.create_task(
+                    run_in_threadpool(engine.apply_in_background, rt, logged)
+                )
                 background.add(task)  # keep a reference until it is done
                 task.add_done_callback(background.discard)
         metrics.INGEST_LATENCY.observe(time.perf_counter() - start)
@@ -170,7 +184,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine: EngineDep,
         src: Annotated[str, Query(min_length=1, max_length=MAX_ID_BYTES)],
         dst: Annotated[str, Query(min_length=1, max_length=MAX_ID_BYTES)],
-        t: Annotated[float | None, Query(allow_inf_nan=False, ge=-MAX_ABS_TIME, le=MAX_ABS_TIME)] = None,
+        t: Annotated[
+            float | None, Query(allow_inf_nan=False, ge=-MAX_ABS_TIME, le=MAX_ABS_TIME)
+        ] = None,
     ) -> ORJSONResponse:
         """Probability of a link src -> dst at time t (default: the latest event time seen)."""
         start = time.perf_counter()
@@ -179,24 +195,43 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         metrics.SCORE_LATENCY.labels(route="get_score").observe(time.perf_counter() - start)
         return ORJSONResponse(
             {
-                "src": p.src, "dst": p.dst, "t": p.t, "probability": p.probability, "logit": p.logit,
-                "model_version": version, "src_state_age": p.src_age, "dst_state_age": p.dst_age,
-                "src_inductive": p.src_inductive, "dst_inductive": p.dst_inductive, "clamped": p.clamped,
-            }  # fmt: skip
+                "src": p.src,
+                "dst": p.dst,
+                "t": p.t,
+                "probability": p.probability,
+                "logit": p.logit,
+                "model_version": version,
+                "src_state_age": p.src_age,
+                "dst_state_age": p.dst_age,
+                "src_inductive": p.src_inductive,
+                "dst_inductive": p.dst_inductive,
+                "clamped": p.clamped,
+            }
         )
 
     @app.post("/v1/score", response_model=ScoreResponse, tags=["score"], responses=ERROR_RESPONSES)
     async def post_score(body: ScoreRequest, engine: EngineDep) -> ORJSONResponse:
         """A batch of candidate links in one call."""
         if len(body.pairs) > settings.max_score_pairs:
-            raise RequestRefused(413, f"{len(body.pairs)} pairs; at most {settings.max_score_pairs} per request")
+            raise RequestRefused(
+                413, f"{len(body.pairs)} pairs; at most {settings.max_score_pairs} per request"
+            )
         start = time.perf_counter()
         metrics.BATCH_SIZE.labels(kind="score").observe(len(body.pairs))
         scored, version = await batcher.score([(p.src, p.dst, p.t) for p in body.pairs])
         metrics.SCORE_LATENCY.labels(route="post_score").observe(time.perf_counter() - start)
         return ORJSONResponse(
             {
-                "scores": [{"src": p.src, "dst": p.dst, "t": p.t, "probability": p.probability, "logit": p.logit} for p in scored],
+                "scores": [
+                    {
+                        "src": p.src,
+                        "dst": p.dst,
+                        "t": p.t,
+                        "probability": p.probability,
+                        "logit": p.logit,
+                    }
+                    for p in scored
+                ],
                 "model_version": version,
             }
         )
@@ -205,7 +240,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def post_rank(body: RankRequest, engine: EngineDep) -> ORJSONResponse:
         """One source, many candidate destinations, sorted by probability (TGB MRR use case)."""
         if len(body.candidates) > settings.max_rank_candidates:
-            raise RequestRefused(413, f"{len(body.candidates)} candidates; at most {settings.max_rank_candidates}")
+            raise RequestRefused(
+                413, f"{len(body.candidates)} candidates; at most {settings.max_rank_candidates}"
+            )
         start = time.perf_counter()
         metrics.BATCH_SIZE.labels(kind="score").observe(len(body.candidates))
         scored, version = await batcher.score([(body.src, c, body.t) for c in body.candidates])
@@ -214,13 +251,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         t = scored[0].t if scored else (body.t or 0.0)
         return ORJSONResponse(
             {
-                "src": body.src, "t": t, "model_version": version,
-                "ranking": [{"dst": p.dst, "probability": p.probability, "logit": p.logit} for p in ranked],
-            }  # fmt: skip
+                "src": body.src,
+                "t": t,
+                "model_version": version,
+                "ranking": [
+                    {"dst": p.dst, "probability": p.probability, "logit": p.logit} for p in ranked
+                ],
+            }
         )
 
     # ----- introspection and admin ---------------------------------------------------
-    @app.get("/v1/nodes/{node}", response_model=NodeSummary, tags=["debug"], responses=ERROR_RESPONSES)
+    @app.get(
+        "/v1/nodes/{node}", response_model=NodeSummary, tags=["debug"], responses=ERROR_RESPONSES
+    )
     async def get_node(node: str, engine: EngineDep) -> ORJSONResponse:
         if len(node.encode()) > MAX_ID_BYTES:
             raise RequestRefused(422, f"a node id is at most {MAX_ID_BYTES} bytes")
@@ -240,7 +283,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             }
         )
 
-    @app.post("/v1/admin/reload", response_model=ModelInfo, dependencies=[Depends(require_api_key)], tags=["admin"], responses=ERROR_RESPONSES)
+    @app.post(
+        "/v1/admin/reload",
+        response_model=ModelInfo,
+        dependencies=[Depends(require_api_key)],
+        tags=["admin"],
+        responses=ERROR_RESPONSES,
+    )
     async def reload(body: ReloadRequest, engine: EngineDep) -> ORJSONResponse:
         """Switch to another checkpoint under the models directory; states of the new
         version rebuild lazily from history (or with `dygserve backfill`)."""
@@ -248,13 +297,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:  # a NUL byte in the name is a ValueError, a name over NAME_MAX an OSError
             target = (root / body.checkpoint).resolve()
         except (OSError, ValueError) as exc:
-            raise RequestRefused(422, f"checkpoint refused, still serving {engine.runtime.version}: {exc}") from exc
+            raise RequestRefused(
+                422, f"checkpoint refused, still serving {engine.runtime.version}: {exc}"
+            ) from exc
         if not target.is_relative_to(root):
             raise RequestRefused(403, "checkpoints load only from under the models directory")
         try:
-            runtime = await run_in_threadpool(ModelRuntime.load, target, settings.backend, None, settings.device)
+            runtime = await run_in_threadpool(
+                ModelRuntime.load, target, settings.backend, None, settings.device
+            )
         except (CheckpointError, OSError, ValueError) as exc:
-            raise RequestRefused(422, f"checkpoint refused, still serving {engine.runtime.version}: {exc}") from exc
+            raise RequestRefused(
+                422, f"checkpoint refused, still serving {engine.runtime.version}: {exc}"
+            ) from exc
         old_version = engine.swap(runtime).version
         metrics.set_model_version(runtime.version, old_version)
         log.info("reloaded: %s -> %s", old_version, runtime.version)
@@ -271,8 +326,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine: Engine | None = getattr(request.app.state, "engine", None)
         store_ok = engine is not None and await run_in_threadpool(engine.store.ping)
         ready = bool(store_ok and request.app.state.ready)
-        body = {"ready": ready, "store": bool(store_ok), "model_version": engine.runtime.version if engine else None}
-        return ORJSONResponse(body, status_code=200 if ready else 503, headers=None if ready else {"Retry-After": "1"})
+        body = {
+            "ready": ready,
+            "store": bool(store_ok),
+            "model_version": engine.runtime.version if engine else None,
+        }
+        return ORJSONResponse(
+            body, status_code=200 if ready else 503, headers=None if ready else {"Retry-After": "1"}
+        )
 
     @app.get("/metrics", tags=["health"])
     async def prometheus_metrics() -> Response:

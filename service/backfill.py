@@ -27,6 +27,10 @@ def backfill(checkpoint: str | Path | None, redis_url: str, batch: int = 1000) -
             nodes = [n for e in page for n in (e.src, e.dst) if n not in seen]
             seen.update(nodes)
             if nodes:
-                stats.add(apply_nodes(store, runtime.version, list(dict.fromkeys(nodes)), runtime.advance_blobs))
+                stats.add(
+                    apply_nodes(
+                        store, runtime.version, list(dict.fromkeys(nodes)), runtime.advance_blobs
+                    )
+                )
     finally:
         store.close()

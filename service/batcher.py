@@ -37,7 +37,9 @@ class _Waiting:
 
 
 class ScoreBatcher:
-    def __init__(self, engine: Callable[[], Engine], max_pairs: int = 8192, loop_max_pairs: int = 0) -> None:
+    def __init__(
+        self, engine: Callable[[], Engine], max_pairs: int = 8192, loop_max_pairs: int = 0
+    ) -> None:
         self._engine = engine
         self.max_pairs = max_pairs
         self.loop_max_pairs = loop_max_pairs
@@ -73,8 +75,16 @@ class ScoreBatcher:
                 metrics.BATCH_SIZE.labels(kind="score_call").observe(len(pairs))
                 try:
                     engine = self._engine()
-                    done = await engine.score_pairs_on_loop(pairs) if len(pairs) <= self.loop_max_pairs else None
-                    scored, version = done if done is not None else await run_in_threadpool(engine.score_pairs, pairs)
+                    done = (
+                        await engine.score_pairs_on_loop(pairs)
+                        if len(pairs) <= self.loop_max_pairs
+                        else None
+                    )
+                    scored, version = (
+                        done
+                        if done is not None
+                        else await run_in_threadpool(engine.score_pairs, pairs)
+                    )
                 except Exception as exc:  # the store or the model failed: every request in it
                     for w in live:
                         if not w.future.done():

@@ -79,9 +79,22 @@ def _start_redis() -> tuple[subprocess.Popen, str, str]:
         port = s.getsockname()[1]
     workdir = tempfile.mkdtemp(prefix="dygserve-bench-")
     proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", workdir],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            workdir,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     import redis
 
     for _ in range(100):
@@ -96,20 +109,28 @@ def _start_redis() -> tuple[subprocess.Popen, str, str]:
 def _events(stream, lo: int, hi: int, dim: int) -> list[dict]:
     zeros = [0.0] * dim
     return [
-        {"src": stream.src[i], "dst": stream.dst[i], "t": float(stream.t[i]),
-         "features": stream.features[i].tolist() if stream.features.shape[1] == dim else zeros}
+        {
+            "src": stream.src[i],
+            "dst": stream.dst[i],
+            "t": float(stream.t[i]),
+            "features": stream.features[i].tolist() if stream.features.shape[1] == dim else zeros,
+        }
         for i in range(lo, hi)
-    ]  # fmt: skip
+    ]
 
 
-def recompute_scores(engine: Engine, pairs: list[tuple[str, str, float]], window: int) -> torch.Tensor:
+def recompute_scores(
+    engine: Engine, pairs: list[tuple[str, str, float]], window: int
+) -> torch.Tensor:
     """The paper's way: re-scan each endpoint's last ``window`` events from zero per query
     (history read, scan, read-out and head; assumes a checkpoint with SSM states)."""
     rt = engine.runtime
     model = rt.checkpoint.model  # torch: the ONNX backend exports no scan
     nodes = [n for s, d, _ in pairs for n in (s, d)]
     histories = engine.store.read_histories(nodes, limit=window)
-    per_node: list[list[NodeEvent]] = [node_events(n, h) for n, h in zip(nodes, histories, strict=True)]
+    per_node: list[list[NodeEvent]] = [
+        node_events(n, h) for n, h in zip(nodes, histories, strict=True)
+    ]
     ev, lengths = pad_events(per_node, rt.config.edge_feature_dim)
     with torch.no_grad():
         states, _ = model.scan(NodeStates.initial(len(nodes), rt.config), ev, lengths)
@@ -119,7 +140,13 @@ def recompute_scores(engine: Engine, pairs: list[tuple[str, str, float]], window
         from model.pair_features import PAIR_FEATURE_DIM, pair_id_columns
 
         pair = torch.zeros(len(pairs), PAIR_FEATURE_DIM) if rt.config.use_pair_features else None
-        ids = torch.zeros(len(pairs), pair_id_columns(rt.config.identity_match_depth), dtype=torch.int64) if rt.config.identity_match_dim else None
+        ids = (
+            torch.zeros(
+                len(pairs), pair_id_columns(rt.config.identity_match_depth), dtype=torch.int64
+            )
+            if rt.config.identity_match_dim
+            else None
+        )
         return model.head_logit(z[0::2], z[1::2], pair, ids)
 
 
@@ -145,7 +172,12 @@ def _spread(rates: list[float]) -> str:
 
 
 def bench_pipeline(
-    checkpoint: Path, data: Path, redis_url: str | None, events: int, window: int, backend: str = "torch"
+    checkpoint: Path,
+    data: Path,
+    redis_url: str | None,
+    events: int,
+    window: int,
+    backend: str = "torch",
 ) -> str:
     proc = workdir = None
     if redis_url is None:
@@ -178,7 +210,10 @@ def bench_pipeline(
         rng = np.random.default_rng(0)
         nodes = np.unique(np.concatenate([stream.src, stream.dst]))
         t = float(stream.t[-1]) + 1.0
-        pairs = [(str(a), str(b), t) for a, b in zip(rng.choice(nodes, 1000), rng.choice(nodes, 1000), strict=True)]
+        pairs = [
+            (str(a), str(b), t)
+            for a, b in zip(rng.choice(nodes, 1000), rng.choice(nodes, 1000), strict=True)
+        ]
         engine.score_pairs(pairs[:10])
         cached_rates = []
         for _ in range(SCORING_REPS):
@@ -228,11 +263,22 @@ def _start_service(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "DYGSERVE_REDIS_URL": redis_url, "DYGSERVE_CHECKPOINT": str(checkpoint),
-           "DYGSERVE_PORT": str(port), "DYGSERVE_HOST": "127.0.0.1", "DYGSERVE_BACKEND": backend,
-           "DYGSERVE_WORKERS": str(workers)}  # fmt: skip
+    env = {
+        **os.environ,
+        "DYGSERVE_REDIS_URL": redis_url,
+        "DYGSERVE_CHECKPOINT": str(checkpoint),
+        "DYGSERVE_PORT": str(port),
+        "DYGSERVE_HOST": "127.0.0.1",
+        "DYGSERVE_BACKEND": backend,
+        "DYGSERVE_WORKERS": str(workers),
+    }
     log = open(Path(log_dir) / "service.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"], env=env, stdout=log, stderr=log)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"],
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -269,25 +315,54 @@ def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], None])
     for rep in range(HTTP_INGEST_REPS):
         if rep:
             reset_store()
-        ingest_cfg = LoadConfig(url=url, data=str(data), out=str(out / "ingest"), batch_size=1000, concurrency=2,
-                                max_events=30_000, duration=120, score_rate=0, plots=True)  # fmt: skip
+        ingest_cfg = LoadConfig(
+            url=url,
+            data=str(data),
+            out=str(out / "ingest"),
+            batch_size=1000,
+            concurrency=2,
+            max_events=30_000,
+            duration=120,
+            score_rate=0,
+            plots=True,
+        )
         report, lat = asyncio.run(run_load(ingest_cfg))
         rates.append(report.events_per_s)
     write_outputs(report, lat, ingest_cfg.out)  # the last run's plots
-    rows.append(f"| HTTP ingest, batches of 1,000 events, median of {HTTP_INGEST_REPS} runs | "
-                f"{float(np.median(rates)):,.0f} events/s ({_spread(rates)}) |")  # fmt: skip
+    rows.append(
+        f"| HTTP ingest, batches of 1,000 events, median of {HTTP_INGEST_REPS} runs | "
+        f"{float(np.median(rates)):,.0f} events/s ({_spread(rates)}) |"
+    )
     # wait=false: each batch is answered once logged, so the next one is logged while
     # the service applies the last. Counted until the last apply is done, not the answers.
     reset_store()
     applies_before = _apply_calls(url)
-    report, _ = asyncio.run(run_load(LoadConfig(url=url, data=str(data), batch_size=1000, concurrency=2, max_events=30_000,
-                                                duration=120, score_rate=0, plots=False, wait=False)))  # fmt: skip
+    report, _ = asyncio.run(
+        run_load(
+            LoadConfig(
+                url=url,
+                data=str(data),
+                batch_size=1000,
+                concurrency=2,
+                max_events=30_000,
+                duration=120,
+                score_rate=0,
+                plots=False,
+                wait=False,
+            )
+        )
+    )
     drain_start = time.perf_counter()
-    while _apply_calls(url) < applies_before + report.event_batches and time.perf_counter() - drain_start < 120:
+    while (
+        _apply_calls(url) < applies_before + report.event_batches
+        and time.perf_counter() - drain_start < 120
+    ):
         time.sleep(0.02)
     applied_s = report.elapsed_s + time.perf_counter() - drain_start
-    rows.append(f"| HTTP ingest, batches of 1,000 events, `wait=false` (answered once logged, applied behind) | "
-                f"all applied at {report.events_answered / applied_s:,.0f} events/s (answered at {report.events_per_s:,.0f}) |")  # fmt: skip
+    rows.append(
+        f"| HTTP ingest, batches of 1,000 events, `wait=false` (answered once logged, applied behind) | "
+        f"all applied at {report.events_answered / applied_s:,.0f} events/s (answered at {report.events_per_s:,.0f}) |"
+    )
     # GET /v1/score open loop at the issue's 200 requests/s (loadtests/open_loop.py: a
     # light threaded client, latency from each request's due time), first alone, then
     # beside 500 events/s of ingest from a replay_load subprocess.
@@ -298,11 +373,33 @@ def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], None])
         bg = None
         if event_rate:
             bg = subprocess.Popen(
-                [sys.executable, "-m", "loadtests.replay_load", "--url", url, "--data", str(data), "--start-row", "30000",
-                 "--batch-size", "100", "--event-rate", str(event_rate), "--score-rate", "0", "--duration", "40",
-                 "--concurrency", "1", "--out", str(out / "ingest_beside_get"), "--no-plots"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "loadtests.replay_load",
+                    "--url",
+                    url,
+                    "--data",
+                    str(data),
+                    "--start-row",
+                    "30000",
+                    "--batch-size",
+                    "100",
+                    "--event-rate",
+                    str(event_rate),
+                    "--score-rate",
+                    "0",
+                    "--duration",
+                    "40",
+                    "--concurrency",
+                    "1",
+                    "--out",
+                    str(out / "ingest_beside_get"),
+                    "--no-plots",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             time.sleep(3)
         rep = run_open_loop(OpenLoopConfig(url=url, rate=200, duration=30, threads=8), pairs)
         (out / f"get_open_loop_{event_rate}.json").write_text(rep.to_json())
@@ -310,8 +407,10 @@ def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], None])
             bg.terminate()
             bg.wait()
         st = rep.latency
-        rows.append(f"| single GET /v1/score, open loop at 200 req/s ({rep.achieved_rate:,.0f} answered/s, {rep.errors} errors), "
-                    f"{label} | p50 {st.p50_ms:.2f} ms, p95 {st.p95_ms:.2f} ms, p99 {st.p99_ms:.2f} ms, max {st.max_ms:.1f} ms |")  # fmt: skip
+        rows.append(
+            f"| single GET /v1/score, open loop at 200 req/s ({rep.achieved_rate:,.0f} answered/s, {rep.errors} errors), "
+            f"{label} | p50 {st.p50_ms:.2f} ms, p95 {st.p95_ms:.2f} ms, p99 {st.p99_ms:.2f} ms, max {st.max_ms:.1f} ms |"
+        )
     post_pairs = pairs_from_csv(data, limit=30_000, seed=1)
     t = post_pairs[0][2]
     body = {"pairs": [{"src": a, "dst": b, "t": t} for a, b, t in post_pairs]}
@@ -323,8 +422,10 @@ def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], None])
             c.get("/v1/score", params={"src": a, "dst": b, "t": t}).raise_for_status()
             lat.append(time.perf_counter() - start)
         p50, p99 = np.percentile(np.array(lat) * 1e3, [50, 99])
-        rows.append(f"| single GET /v1/score, 1 client in a closed loop, no other traffic ({len(lat) / sum(lat):,.0f} req/s) | "
-                    f"p50 {p50:.2f} ms, p99 {p99:.2f} ms |")  # fmt: skip
+        rows.append(
+            f"| single GET /v1/score, 1 client in a closed loop, no other traffic ({len(lat) / sum(lat):,.0f} req/s) | "
+            f"p50 {p50:.2f} ms, p99 {p99:.2f} ms |"
+        )
         c.post("/v1/score", json=body)
         start = time.perf_counter()
         for _ in range(20):
@@ -335,7 +436,12 @@ def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], None])
 
 
 def bench_all(
-    checkpoint: Path, data: Path, doc: Path, out: Path, backends: tuple[str, ...] = ("torch",), workers: int = 1
+    checkpoint: Path,
+    data: Path,
+    doc: Path,
+    out: Path,
+    backends: tuple[str, ...] = ("torch",),
+    workers: int = 1,
 ) -> str:
     import os
 
@@ -356,7 +462,9 @@ def bench_all(
             redis_lib.Redis.from_url(redis_url).flushall()
             svc, url = _start_service(redis_url, checkpoint, str(out / backend), backend, workers)
             try:
-                http_rows = bench_http(url, data, out / backend, redis_lib.Redis.from_url(redis_url).flushall)
+                http_rows = bench_http(
+                    url, data, out / backend, redis_lib.Redis.from_url(redis_url).flushall
+                )
             finally:
                 svc.terminate()
                 svc.wait(timeout=60)
@@ -425,7 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     every.add_argument("--data", type=Path, default=Path("../shared/data/uci/edges.csv.gz"))
     every.add_argument("--doc", type=Path, default=Path("docs/BENCHMARKS.md"))
     every.add_argument("--out", type=Path, default=Path("runs/bench"))
-    every.add_argument("--backends", default="torch,onnx", help="DYGSERVE_BACKEND of each run, comma-separated")
+    every.add_argument(
+        "--backends", default="torch,onnx", help="DYGSERVE_BACKEND of each run, comma-separated"
+    )
     every.add_argument("--workers", type=int, default=1, help="DYGSERVE_WORKERS of the HTTP runs")
     args = p.parse_args(argv)
     if args.what == "all":
@@ -440,7 +550,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(store_main(args.rest) or 0)
     torch.set_num_threads(1)
-    print(bench_pipeline(args.checkpoint, args.data, args.redis_url, args.events, args.window, args.backend))
+    print(
+        bench_pipeline(
+            args.checkpoint, args.data, args.redis_url, args.events, args.window, args.backend
+        )
+    )
     return 0
 
 

@@ -35,7 +35,10 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if settings.workers > 1:
         if not settings.redis_url:
-            print("error: the embedded store is in-process: several workers need --redis-url", file=sys.stderr)
+            print(
+                "error: the embedded store is in-process: several workers need --redis-url",
+                file=sys.stderr,
+            )
             return 2
         # prometheus-client must aggregate across worker processes.
         os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="dygserve-prom-"))
@@ -70,8 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the HTTP service")
-    serve.add_argument("--checkpoint", default=None, help="checkpoint dir (default checkpoints/default)")
-    serve.add_argument("--redis-url", dest="redis_url", default=None, help="redis:// or redis+cluster://; none = embedded store")
+    serve.add_argument(
+        "--checkpoint", default=None, help="checkpoint dir (default checkpoints/default)"
+    )
+    serve.add_argument(
+        "--redis-url",
+        dest="redis_url",
+        default=None,
+        help="redis:// or redis+cluster://; none = embedded store",
+    )
     serve.add_argument("--host", default=None)
     serve.add_argument("--port", type=int, default=None)
     serve.add_argument("--workers", type=int, default=None)
@@ -89,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub.add_parser(name, help=helptext, add_help=False)  # dispatched in main()
 
-    backfill = sub.add_parser("backfill", help="rebuild the states of a model version from the stored histories")
+    backfill = sub.add_parser(
+        "backfill", help="rebuild the states of a model version from the stored histories"
+    )
     backfill.add_argument("--checkpoint", default=None)
     backfill.add_argument("--redis-url", dest="redis_url", required=True)
     backfill.add_argument("--batch", type=int, default=1000)

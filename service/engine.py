@@ -63,7 +63,11 @@ class ModelRuntime:
     """One loaded checkpoint: model, codec, and the store-facing advance function."""
 
     def __init__(
-        self, checkpoint: LoadedCheckpoint, backend: str = "torch", onnx_dir: Path | None = None, device: str = "cpu"
+        self,
+        checkpoint: LoadedCheckpoint,
+        backend: str = "torch",
+        onnx_dir: Path | None = None,
+        device: str = "cpu",
     ) -> None:
         self.checkpoint = checkpoint
         self.backend = backend
@@ -90,7 +94,9 @@ class ModelRuntime:
         self.numpy_scorer = NumpyScorer(checkpoint.model) if backend == "torch" else None
 
     @classmethod
-    def load(cls, path: Path, backend: str = "torch", onnx_dir: Path | None = None, device: str = "cpu") -> ModelRuntime:
+    def load(
+        cls, path: Path, backend: str = "torch", onnx_dir: Path | None = None, device: str = "cpu"
+    ) -> ModelRuntime:
         return cls(load_checkpoint(path), backend, onnx_dir, device)
 
     def decode(self, blobs: Sequence[bytes | None]) -> tuple[NodeStates, NeighbourLists]:
@@ -104,28 +110,42 @@ class ModelRuntime:
             dec, nbr = self.codec.decode_with_neighbours([blobs[i] for i in present])  # type: ignore[misc]
             idx = torch.tensor(present)
             states.h[idx], states.conv[idx] = dec.h, dec.conv
-            states.t_last[idx], states.last_seq[idx], states.n_events[idx] = dec.t_last, dec.last_seq, dec.n_events
+            states.t_last[idx], states.last_seq[idx], states.n_events[idx] = (
+                dec.t_last,
+                dec.last_seq,
+                dec.n_events,
+            )
             lists.keys[idx], lists.times[idx] = nbr.keys, nbr.times
         return states, lists
 
-    def advance_blobs(self, nodes: list[str], blobs: list[bytes | None], new_events: list[list[LoggedEvent]]) -> dict[str, bytes]:
+    def advance_blobs(
+        self, nodes: list[str], blobs: list[bytes | None], new_events: list[list[LoggedEvent]]
+    ) -> dict[str, bytes]:
         """The applier's callback: apply each node's new events to its state and its
         neighbour list, return the new blobs."""
-        per_node = [node_events(node, events) for node, events in zip(nodes, new_events, strict=True)]
+        per_node = [
+            node_events(node, events) for node, events in zip(nodes, new_events, strict=True)
+        ]
         # Decoded straight into the rank plan's order: the advance then gathers nothing.
         order = RankPlan.sort_order([len(p) for p in per_node]).tolist()
-        nodes, blobs, per_node = [nodes[i] for i in order], [blobs[i] for i in order], [per_node[i] for i in order]
+        nodes, blobs, per_node = (
+            [nodes[i] for i in order],
+            [blobs[i] for i in order],
+            [per_node[i] for i in order],
+        )
         states, lists = self.decode(blobs)
         new = advance(self.advance_model, states.to(self.device), per_node).to("cpu")
         return dict(zip(nodes, self.codec.encode_many(new, lists.extended(per_node)), strict=True))
 
 
 def resolve_device(device: str) -> torch.device:
-    """"auto" -> CUDA when this torch build sees a GPU, else the CPU; "cuda" without one is an error."""
+    """ "auto" -> CUDA when this torch build sees a GPU, else the CPU; "cuda" without one is an error."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' asked for, but torch sees no CUDA device (CPU build or no GPU)")
+        raise RuntimeError(
+            "device 'cuda' asked for, but torch sees no CUDA device (CPU build or no GPU)"
+        )
     return torch.device(device)
 
 
@@ -166,11 +186,17 @@ class ScoredPair:
 
     @property
     def probability(self) -> float:
-        return 1.0 / (1.0 + math.exp(-self.logit)) if self.logit >= 0 else math.exp(self.logit) / (1.0 + math.exp(self.logit))
+        return (
+            1.0 / (1.0 + math.exp(-self.logit))
+            if self.logit >= 0
+            else math.exp(self.logit) / (1.0 + math.exp(self.logit))
+        )
 
 
 class Engine:
-    def __init__(self, runtime: ModelRuntime, store: StateStore, numpy_max_pairs: int = 256) -> None:
+    def __init__(
+        self, runtime: ModelRuntime, store: StateStore, numpy_max_pairs: int = 256
+    ) -> None:
         self._runtime = runtime
         self.store = store
         # Score calls up to this many pairs take the runtime's numpy kernel (when it has
@@ -212,8 +238,14 @@ class Engine:
         for i, e in enumerate(events):
             feats = e.get("features") or []
             if len(feats) != dim:
-                raise RequestRefused(422, f"events[{i}].features has length {len(feats)}, the model expects {dim}")
-            new.append(NewEvent(e["src"], e["dst"], float(e["t"]), tuple(map(float, feats)), e.get("event_id")))
+                raise RequestRefused(
+                    422, f"events[{i}].features has length {len(feats)}, the model expects {dim}"
+                )
+            new.append(
+                NewEvent(
+                    e["src"], e["dst"], float(e["t"]), tuple(map(float, feats)), e.get("event_id")
+                )
+            )
         with timed_store("append"):
             result = self.store.append_events(new)
         logged = [
@@ -238,12 +270,20 @@ class Engine:
         try:
             self.apply(rt, logged)
         except Exception:
-            log.warning("background apply failed; the re-drive will apply the events", exc_info=True)
+            log.warning(
+                "background apply failed; the re-drive will apply the events", exc_info=True
+            )
 
     def apply(self, rt: ModelRuntime, logged: LoggedBatch) -> None:
         try:
             with self._apply_lock, timed_store("apply"):
-                stats = apply_logged(self.store, rt.version, logged.events, rt.advance_blobs, previous_seq=logged.previous_seq)
+                stats = apply_logged(
+                    self.store,
+                    rt.version,
+                    logged.events,
+                    rt.advance_blobs,
+                    previous_seq=logged.previous_seq,
+                )
             metrics.EVENTS_APPLIED.inc(stats.marked)
         except Exception:
             self.needs_redrive = True  # logged but maybe not applied: re-drive later
@@ -258,7 +298,9 @@ class Engine:
         return getattr(stats, "events_applied", 0)
 
     # ----- score ---------------------------------------------------------------------
-    def load_states(self, rt: ModelRuntime, nodes: list[str]) -> tuple[NodeStates, NeighbourLists, np.ndarray]:
+    def load_states(
+        self, rt: ModelRuntime, nodes: list[str]
+    ) -> tuple[NodeStates, NeighbourLists, np.ndarray]:
         """States and neighbour lists of ``nodes`` (unique), rebuilding cold ones in one
         batch; and which nodes have no history at all (scored inductively)."""
         with timed_store("read_states"):
@@ -282,7 +324,9 @@ class Engine:
                     blobs[i] = rebuilt[n]
         return (*rt.decode(blobs), inductive)
 
-    def score_pairs(self, pairs: list[tuple[str, str, float | None]]) -> tuple[list[ScoredPair], str]:
+    def score_pairs(
+        self, pairs: list[tuple[str, str, float | None]]
+    ) -> tuple[list[ScoredPair], str]:
         rt = self.runtime
         if not pairs:
             return [], rt.version
@@ -315,7 +359,9 @@ class Engine:
         if any(b is None for b in blobs):
             return None
         states, lists = rt.decode(blobs)
-        return self._score(rt, pairs, nodes, states, lists, np.zeros(len(nodes), dtype=bool), None), rt.version
+        return self._score(
+            rt, pairs, nodes, states, lists, np.zeros(len(nodes), dtype=bool), None
+        ), rt.version
 
     def _score(
         self,
@@ -331,19 +377,33 @@ class Engine:
         n = len(pairs)
         iu = np.fromiter((pos[s] for s, _, _ in pairs), dtype=np.int64, count=n)
         iv = np.fromiter((pos[d] for _, d, _ in pairs), dtype=np.int64, count=n)
-        tau = np.fromiter((default_t if t is None else t for _, _, t in pairs), dtype=np.float64, count=n)
+        tau = np.fromiter(
+            (default_t if t is None else t for _, _, t in pairs), dtype=np.float64, count=n
+        )
         keys = node_keys(nodes)
         if rt.numpy_scorer is not None and n <= self.numpy_max_pairs:
             logits = rt.numpy_scorer.score_nodes(
-                states.h.numpy(), states.t_last.numpy(), states.n_events.numpy(),
-                lists.keys.numpy(), lists.times.numpy(), keys, iu, iv, tau,
-            )  # fmt: skip
+                states.h.numpy(),
+                states.t_last.numpy(),
+                states.n_events.numpy(),
+                lists.keys.numpy(),
+                lists.times.numpy(),
+                keys,
+                iu,
+                iv,
+                tau,
+            )
         else:
             dev = rt.device
             logits = score_nodes(
-                rt.model, states.to(dev), lists.to(dev), torch.from_numpy(keys).to(dev),
-                torch.from_numpy(iu).to(dev), torch.from_numpy(iv).to(dev), torch.from_numpy(tau).to(dev),
-            ).cpu()  # fmt: skip
+                rt.model,
+                states.to(dev),
+                lists.to(dev),
+                torch.from_numpy(keys).to(dev),
+                torch.from_numpy(iu).to(dev),
+                torch.from_numpy(iv).to(dev),
+                torch.from_numpy(tau).to(dev),
+            ).cpu()
         out = []
         # Plain Python floats in one go: indexing tensors per pair costs microseconds each.
         t_last = states.t_last.tolist()
@@ -370,7 +430,11 @@ class Engine:
             "model_version": rt.version,
             "cached": blob is not None,
             "t_last": t_last if math.isfinite(t_last) else (history[-1].t if history else None),
-            "events_applied": int(st.n_events[0]),  # 0 while not cached (cold: rebuilt on first use)
-            "last_seq": int(st.last_seq[0]) if blob is not None else (history[-1].seq if history else None),
+            "events_applied": int(
+                st.n_events[0]
+            ),  # 0 while not cached (cold: rebuilt on first use)
+            "last_seq": int(st.last_seq[0])
+            if blob is not None
+            else (history[-1].seq if history else None),
             "history_length": len(history),
         }

@@ -16,13 +16,19 @@ from . import metrics
 UNBOUNDED_PATHS = ("/metrics", "/healthz", "/readyz")
 
 
-async def _reply(send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _reply(
+    send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
     body = orjson.dumps({"detail": detail})
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())] + (headers or []),
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ]
+            + (headers or []),
         }
     )
     await send({"type": "http.response.body", "body": body})
@@ -120,4 +126,6 @@ class InFlightMiddleware:
             self.in_flight -= 1
             metrics.IN_FLIGHT.dec()
             route = scope.get("route")
-            metrics.HTTP_REQUESTS.labels(route=getattr(route, "path", "unmatched"), status=status).inc()
+            metrics.HTTP_REQUESTS.labels(
+                route=getattr(route, "path", "unmatched"), status=status
+            ).inc()

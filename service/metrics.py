@@ -19,20 +19,54 @@ from prometheus_client import (
     multiprocess,
 )
 
-LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
-EVENTS_INGESTED = Counter("dygserve_events_ingested", "events accepted into the log (applied before the answer, or behind it with wait=false)")
-EVENTS_APPLIED = Counter("dygserve_events_applied", "logged events whose endpoints' states are committed (by the request, in the background or by a re-drive)")
+EVENTS_INGESTED = Counter(
+    "dygserve_events_ingested",
+    "events accepted into the log (applied before the answer, or behind it with wait=false)",
+)
+EVENTS_APPLIED = Counter(
+    "dygserve_events_applied",
+    "logged events whose endpoints' states are committed (by the request, in the background or by a re-drive)",
+)
 EVENTS_REJECTED = Counter("dygserve_events_rejected", "events refused", ["reason"])
 EVENTS_DUPLICATE = Counter("dygserve_events_duplicate", "events whose id was seen before")
-INGEST_LATENCY = Histogram("dygserve_ingest_latency_seconds", "POST /v1/events latency", buckets=LATENCY_BUCKETS)
-SCORE_LATENCY = Histogram("dygserve_score_latency_seconds", "scoring latency", ["route"], buckets=LATENCY_BUCKETS)
-BATCH_SIZE = Histogram("dygserve_batch_size", "events or pairs per request", ["kind"], buckets=BATCH_BUCKETS)
+INGEST_LATENCY = Histogram(
+    "dygserve_ingest_latency_seconds", "POST /v1/events latency", buckets=LATENCY_BUCKETS
+)
+SCORE_LATENCY = Histogram(
+    "dygserve_score_latency_seconds", "scoring latency", ["route"], buckets=LATENCY_BUCKETS
+)
+BATCH_SIZE = Histogram(
+    "dygserve_batch_size", "events or pairs per request", ["kind"], buckets=BATCH_BUCKETS
+)
 COLD_REBUILDS = Counter("dygserve_cold_rebuilds", "node states rebuilt from history")
-STORE_LATENCY = Histogram("dygserve_store_latency_seconds", "state-store calls", ["op"], buckets=LATENCY_BUCKETS)
-MODEL_INFO = Gauge("dygserve_model_info", "the loaded model version", ["version"], multiprocess_mode="liveall")
-IN_FLIGHT = Gauge("dygserve_in_flight_requests", "requests in progress", multiprocess_mode="livesum")
+STORE_LATENCY = Histogram(
+    "dygserve_store_latency_seconds", "state-store calls", ["op"], buckets=LATENCY_BUCKETS
+)
+MODEL_INFO = Gauge(
+    "dygserve_model_info", "the loaded model version", ["version"], multiprocess_mode="liveall"
+)
+IN_FLIGHT = Gauge(
+    "dygserve_in_flight_requests", "requests in progress", multiprocess_mode="livesum"
+)
 HTTP_REQUESTS = Counter("dygserve_http_requests", "HTTP requests", ["route", "status"])
 
 

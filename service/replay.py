@@ -33,7 +33,15 @@ class Query:
 def read_queries(path: Path) -> list[Query]:
     """Queries written by the evaluator: columns src, dst, t, label (1 positive, 0 negative)."""
     with open(path, newline="") as fh:
-        return [Query(r["src"], r["dst"], float(r["t"]), int(float(r.get("label", r.get("is_positive", 0))))) for r in csv.DictReader(fh)]
+        return [
+            Query(
+                r["src"],
+                r["dst"],
+                float(r["t"]),
+                int(float(r.get("label", r.get("is_positive", 0)))),
+            )
+            for r in csv.DictReader(fh)
+        ]
 
 
 def random_queries(stream: EdgeStream, mask: np.ndarray, seed: int) -> list[Query]:
@@ -57,9 +65,12 @@ class ServiceClient:
             rows = index[start : start + batch]
             events = [
                 {
-                    "src": stream.src[i], "dst": stream.dst[i], "t": float(stream.t[i]),
-                    "features": stream.features[i].tolist(), "event_id": f"{stream.name}:{i}",
-                }  # fmt: skip
+                    "src": stream.src[i],
+                    "dst": stream.dst[i],
+                    "t": float(stream.t[i]),
+                    "features": stream.features[i].tolist(),
+                    "event_id": f"{stream.name}:{i}",
+                }
                 for i in rows
             ]
             r = self.http.post("/v1/events", json={"events": events})
@@ -74,14 +85,21 @@ class ServiceClient:
             return logits
         for start in range(0, len(queries), batch):
             part = queries[start : start + batch]
-            r = self.http.post("/v1/score", json={"pairs": [{"src": q.src, "dst": q.dst, "t": q.t} for q in part]})
+            r = self.http.post(
+                "/v1/score", json={"pairs": [{"src": q.src, "dst": q.dst, "t": q.t} for q in part]}
+            )
             r.raise_for_status()
             logits += [s["logit"] for s in r.json()["scores"]]
         return logits
 
 
 def replay(
-    client: ServiceClient, stream: EdgeStream, start_time: float, queries: list[Query], batch: int = 1000, progress: bool = False
+    client: ServiceClient,
+    stream: EdgeStream,
+    start_time: float,
+    queries: list[Query],
+    batch: int = 1000,
+    progress: bool = False,
 ) -> list[float]:
     """Ingest events with t <= start_time, then score-then-ingest each later timestamp group.
 
@@ -104,7 +122,9 @@ def replay(
 
     def flush() -> None:
         if run_queries:
-            for k, logit in zip(run_queries, client.score([queries[k] for k in run_queries]), strict=True):
+            for k, logit in zip(
+                run_queries, client.score([queries[k] for k in run_queries]), strict=True
+            ):
                 logits[k] = logit
         if run_events:
             client.ingest(stream, np.concatenate(run_events), batch)
@@ -134,7 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", required=True, help="edges.csv.gz or its folder")
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--api-key", default=None)
-    p.add_argument("--queries", type=Path, default=None, help="queries CSV from `dygserve evaluate --write-scores`")
+    p.add_argument(
+        "--queries",
+        type=Path,
+        default=None,
+        help="queries CSV from `dygserve evaluate --write-scores`",
+    )
     p.add_argument("--split", choices=["test", "val"], default="test")
     p.add_argument("--limit", type=int, default=None, help="only the first N events of the file")
     p.add_argument("--seed", type=int, default=0)
@@ -146,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     split = chronological_split(stream)
     start = split.test_time if args.split == "test" else split.val_time
     mask = split.test if args.split == "test" else split.val
-    queries = read_queries(args.queries) if args.queries else random_queries(stream, mask, args.seed)
+    queries = (
+        read_queries(args.queries) if args.queries else random_queries(stream, mask, args.seed)
+    )
     client = ServiceClient(args.url, args.api_key)
     logits = replay(client, stream, start, queries, args.batch, progress=True)
     labels = np.array([q.label for q in queries])

@@ -52,8 +52,16 @@ def _id_bytes(value: str) -> str:
 
 NodeId = Annotated[str, BeforeValidator(_node_id)]
 # StrictFloat after _number: JSON integers are accepted (converted), booleans and strings are not.
-Time = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-MAX_ABS_TIME, le=MAX_ABS_TIME), BeforeValidator(_number)]
-FiniteFloat = Annotated[StrictFloat, Field(allow_inf_nan=False, ge=-MAX_FEATURE, le=MAX_FEATURE), BeforeValidator(_number)]
+Time = Annotated[
+    StrictFloat,
+    Field(allow_inf_nan=False, ge=-MAX_ABS_TIME, le=MAX_ABS_TIME),
+    BeforeValidator(_number),
+]
+FiniteFloat = Annotated[
+    StrictFloat,
+    Field(allow_inf_nan=False, ge=-MAX_FEATURE, le=MAX_FEATURE),
+    BeforeValidator(_number),
+]
 
 
 class _Strict(BaseModel):
@@ -64,10 +72,13 @@ class EventIn(_Strict):
     src: NodeId
     dst: NodeId
     t: Time = Field(description="event time (seconds or the dataset's unit), float64")
-    features: list[FiniteFloat] | None = Field(None, description="edge features; length fixed by the checkpoint")
-    event_id: Annotated[str, Field(min_length=1, max_length=MAX_ID_BYTES), AfterValidator(_id_bytes)] | None = Field(
-        None, description="client id for exactly-once retries"
+    features: list[FiniteFloat] | None = Field(
+        None, description="edge features; length fixed by the checkpoint"
     )
+    event_id: (
+        Annotated[str, Field(min_length=1, max_length=MAX_ID_BYTES), AfterValidator(_id_bytes)]
+        | None
+    ) = Field(None, description="client id for exactly-once retries")
 
 
 class EventsRequest(_Strict):
@@ -95,7 +106,9 @@ class EventsResponse(BaseModel):
     accepted: int
     duplicates: int
     rejected: list[Rejected]
-    applied: bool = Field(description="true when the states were committed before answering (wait=true)")
+    applied: bool = Field(
+        description="true when the states were committed before answering (wait=true)"
+    )
 
 
 class PairIn(_Strict):
@@ -118,11 +131,17 @@ class PairScore(BaseModel):
 
 class ScoreDetail(PairScore):
     model_version: str
-    src_state_age: float | None = Field(description="t minus the source's last event time; null if none")
+    src_state_age: float | None = Field(
+        description="t minus the source's last event time; null if none"
+    )
     dst_state_age: float | None
-    src_inductive: bool = Field(description="the source has no history: scored from the initial state")
+    src_inductive: bool = Field(
+        description="the source has no history: scored from the initial state"
+    )
     dst_inductive: bool
-    clamped: bool = Field(description="t was earlier than an endpoint's last event and was clamped to it")
+    clamped: bool = Field(
+        description="t was earlier than an endpoint's last event and was clamped to it"
+    )
 
 
 class ScoreResponse(BaseModel):
@@ -160,7 +179,9 @@ class NodeSummary(BaseModel):
 
 
 class ReloadRequest(_Strict):
-    checkpoint: str = Field(description="checkpoint folder, relative to (or inside) the models directory")
+    checkpoint: str = Field(
+        description="checkpoint folder, relative to (or inside) the models directory"
+    )
 
 
 class ModelInfo(BaseModel):

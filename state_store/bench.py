@@ -336,8 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m state_store.bench", description=__doc__.split("\n\n")[0]
     )
-    ap.add_argument("--redis-url", default=os.environ.get("DYGSERVE_REDIS_URL") or None,
-                    help="redis:// or redis+cluster:// URL (default: $DYGSERVE_REDIS_URL, else the in-memory store)")  # fmt: skip
+    ap.add_argument(
+        "--redis-url",
+        default=os.environ.get("DYGSERVE_REDIS_URL") or None,
+        help="redis:// or redis+cluster:// URL (default: $DYGSERVE_REDIS_URL, else the in-memory store)",
+    )
     ap.add_argument("--n-states", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--no-redis-benchmark", action="store_true")

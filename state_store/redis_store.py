@@ -361,7 +361,12 @@ class RedisStore(StateStore):
         self._k_tmax = f"{log}:tmax".encode()
         self._k_eids = f"{log}:eids".encode()
         self._k_hist = f"{log}:h:".encode()
-        self._scripts = {"append": APPEND_LUA, "cas": CAS_LUA, "mark": MARK_LUA, "read_log": READ_LOG_LUA}
+        self._scripts = {
+            "append": APPEND_LUA,
+            "cas": CAS_LUA,
+            "mark": MARK_LUA,
+            "read_log": READ_LOG_LUA,
+        }
         self._sha = {k: hashlib.sha1(v.encode()).hexdigest() for k, v in self._scripts.items()}
         self._loaded = False
         # A single server also serves awaited reads (a cluster client routes by slot
@@ -418,7 +423,9 @@ class RedisStore(StateStore):
                 self.config.url,
                 socket_timeout=self.config.socket_timeout,
                 socket_connect_timeout=self.config.socket_timeout,
-                retry=redis.asyncio.retry.Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),  # as the blocking client
+                retry=redis.asyncio.retry.Retry(
+                    ExponentialBackoff(cap=0.5, base=0.05), 2
+                ),  # as the blocking client
                 decode_responses=False,
             )
             self._async = (loop, client)
@@ -531,7 +538,14 @@ class RedisStore(StateStore):
         for ev in events:
             number.setdefault(ev.src, len(number) + 1)
             number.setdefault(ev.dst, len(number) + 1)
-        keys: list[Any] = [self._k_seq, self._k_log, self._k_pending, self._k_lt, self._k_tmax, self._k_eids]
+        keys: list[Any] = [
+            self._k_seq,
+            self._k_log,
+            self._k_pending,
+            self._k_lt,
+            self._k_tmax,
+            self._k_eids,
+        ]
         keys += [self.history_key(node) for node in number]
         args: list[Any] = [
             len(events),
@@ -546,7 +560,13 @@ class RedisStore(StateStore):
             t = event_time(ev.t)
             times.append(t)
             # '' as the dedupe id: an id assigned here is unique, so not looked up or kept.
-            args += [number[ev.src], number[ev.dst], _fmt_float(t), encode_tail(ev, t, eid), eid if ev.event_id is not None else ""]
+            args += [
+                number[ev.src],
+                number[ev.dst],
+                _fmt_float(t),
+                encode_tail(ev, t, eid),
+                eid if ev.event_id is not None else "",
+            ]
         out = self._evalsha("append", keys, args)
         result = AppendResult(seqs=[None] * len(events), event_ids=eids)
         previous = out.pop()
@@ -603,7 +623,9 @@ class RedisStore(StateStore):
     def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]:
         if count <= 0:
             return []
-        ms = self._evalsha("read_log", [self._k_log, self._k_log_first], [max(int(after_seq), 0), int(count)])
+        ms = self._evalsha(
+            "read_log", [self._k_log, self._k_log_first], [max(int(after_seq), 0), int(count)]
+        )
         return [decode_event(m) for m in ms]
 
     @_guard

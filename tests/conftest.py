@@ -21,6 +21,7 @@ def data_dir() -> Path:
         pytest.fail(f"real datasets not found at {DATA} (set DYGSERVE_DATA)")
     return DATA
 
+
 # Shared test helpers live in the `tests.support` package (real Redis servers, store
 # workers that multiprocessing 'spawn' children import by name): the repo root must
 # be importable however pytest was started.

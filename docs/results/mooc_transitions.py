@@ -34,7 +34,9 @@ def average_precision(pos: np.ndarray, neg: np.ndarray) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="../shared/data/mooc/edges.csv.gz")
-    ap.add_argument("--every", type=int, default=3, help="score every k-th event of validation and test")
+    ap.add_argument(
+        "--every", type=int, default=3, help="score every k-th event of validation and test"
+    )
     args = ap.parse_args()
     with gzip.open(args.data, "rt") as f:
         rows = np.loadtxt(f, delimiter=",", skiprows=1, usecols=(0, 1, 2))
@@ -43,10 +45,15 @@ def main() -> None:
     items = np.unique(dst)
     rng = np.random.default_rng(0)
     first: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    second: dict[tuple[int, int], collections.Counter] = collections.defaultdict(collections.Counter)
+    second: dict[tuple[int, int], collections.Counter] = collections.defaultdict(
+        collections.Counter
+    )
     last: dict[int, int] = {}
     before_last: dict[int, int] = {}
-    scores: dict[str, list[list[float]]] = {"validation": [[], [], [], []], "test": [[], [], [], []]}
+    scores: dict[str, list[list[float]]] = {
+        "validation": [[], [], [], []],
+        "test": [[], [], [], []],
+    }
 
     def p(counts: collections.Counter, v: int) -> float:
         return (counts[v] + 0.1) / (sum(counts.values()) + 1.0)

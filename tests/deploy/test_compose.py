@@ -117,8 +117,11 @@ def test_depends_on_use_conditions(services):
         assert isinstance(deps, dict), f"{name}: use the long depends_on form with a condition"
         for dep, spec in deps.items():
             assert dep in services, (name, dep)
-            assert spec.get("condition") in ("service_healthy", "service_started",
-                                             "service_completed_successfully"), (name, dep)  # fmt: skip
+            assert spec.get("condition") in (
+                "service_healthy",
+                "service_started",
+                "service_completed_successfully",
+            ), (name, dep)
     assert services[SERVICE]["depends_on"]["redis"]["condition"] == "service_healthy"
     assert services["grafana"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
     assert "dygserve" in services["prometheus"]["depends_on"]
@@ -263,6 +266,12 @@ def test_docker_compose_config_validates():
     if cmd is None:
         pytest.skip("docker-compose is not installed: only the parse-based checks ran")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "COMPOSE_"))}
-    r = subprocess.run([*cmd, "-f", str(COMPOSE), "config", "-q"], cwd=DEPLOY, capture_output=True,
-                       text=True, timeout=120, env=env)  # fmt: skip
+    r = subprocess.run(
+        [*cmd, "-f", str(COMPOSE), "config", "-q"],
+        cwd=DEPLOY,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr + r.stdout

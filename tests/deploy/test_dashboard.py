@@ -41,10 +41,26 @@ TARGET_LABELS = frozenset({"instance", "job"})  # added by Prometheus at scrape 
 
 # PromQL words that look like identifiers but are no metric names (functions are
 # recognised by the "(" that follows them).
-_PROMQL_WORDS = frozenset({
-    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",
-    "unless", "offset", "inf", "nan", "Inf", "NaN", "atan2",
-})  # fmt: skip
+_PROMQL_WORDS = frozenset(
+    {
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "and",
+        "or",
+        "unless",
+        "offset",
+        "inf",
+        "nan",
+        "Inf",
+        "NaN",
+        "atan2",
+    }
+)
 _GROUPING = r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)"
 
 

@@ -211,8 +211,12 @@ def test_gpu_target_never_co_installs_onnxruntime(stages):
 
 def test_gpu_requirements_swap_onnxruntime():
     def run(*a: str) -> str:
-        r = subprocess.run([sys.executable, str(GPU_REQS), *a, str(REPO / "pyproject.toml")],
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, str(GPU_REQS), *a, str(REPO / "pyproject.toml")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
         return r.stdout
 
@@ -315,9 +319,17 @@ def test_dockerignore_keeps_what_the_build_copies(parsed):
 
 
 def test_dockerignore_excludes_local_state():
-    for p in (".git/HEAD", ".venv/bin/python", "runs/load/report.json", "tests/conftest.py",
-              "model/__pycache__/ssm.cpython-311.pyc", "checkpoints/other/weights.safetensors",
-              ".pytest_cache/v", "deploy/docker-compose.yml", "dygserve.egg-info/PKG-INFO"):  # fmt: skip
+    for p in (
+        ".git/HEAD",
+        ".venv/bin/python",
+        "runs/load/report.json",
+        "tests/conftest.py",
+        "model/__pycache__/ssm.cpython-311.pyc",
+        "checkpoints/other/weights.safetensors",
+        ".pytest_cache/v",
+        "deploy/docker-compose.yml",
+        "dygserve.egg-info/PKG-INFO",
+    ):
         assert is_ignored(p), p
     assert not is_ignored("checkpoints/default/weights.safetensors")
     assert not is_ignored("deploy/gpu_requirements.py")

@@ -184,11 +184,36 @@ def test_cli_replay_counts_match_server(server, uci, tmp_path):
     st, url, _ = server
     out = tmp_path / "load"
     cmd = [
-        sys.executable, "-m", "loadtests.replay_load", "--url", url, "--data", str(uci),
-        "--out", str(out), "--duration", "3", "--max-events", "50000", "--event-rate", "1500",
-        "--batch-size", "50", "--concurrency", "3", "--score-rate", "40", "--score-mode", "mixed",
-        "--score-batch", "8", "--score-concurrency", "2", "--progress", "0",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "loadtests.replay_load",
+        "--url",
+        url,
+        "--data",
+        str(uci),
+        "--out",
+        str(out),
+        "--duration",
+        "3",
+        "--max-events",
+        "50000",
+        "--event-rate",
+        "1500",
+        "--batch-size",
+        "50",
+        "--concurrency",
+        "3",
+        "--score-rate",
+        "40",
+        "--score-mode",
+        "mixed",
+        "--score-batch",
+        "8",
+        "--score-concurrency",
+        "2",
+        "--progress",
+        "0",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     rep = LoadReport.read_json(out / "report.json")
@@ -225,8 +250,16 @@ def test_cli_replay_counts_match_server(server, uci, tmp_path):
 
 
 def _cfg(url: str, uci: Path, **kw) -> LoadConfig:
-    base = dict(url=url, data=str(uci), duration=20.0, batch_size=100, concurrency=2, score_rate=0.0,
-                retries=0, max_errors=0)  # fmt: skip
+    base = dict(
+        url=url,
+        data=str(uci),
+        duration=20.0,
+        batch_size=100,
+        concurrency=2,
+        score_rate=0.0,
+        retries=0,
+        max_errors=0,
+    )
     base.update(kw)
     return LoadConfig(**base)
 
@@ -359,8 +392,9 @@ def redis_url():
         port = s.getsockname()[1]
     proc = subprocess.Popen(
         [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 10
         while True:
@@ -383,8 +417,16 @@ def test_soak_samples_memory(server, uci, tmp_path, redis_url):
     st, url, port = server
     # the stand-in listens in this very process: the soak must find it by its port
     assert find_listening_pid(port) == os.getpid()
-    load = _cfg(url, uci, duration=2.0, max_events=10**9, loop=True, event_rate=2000, score_rate=10,
-                out=str(tmp_path))  # fmt: skip
+    load = _cfg(
+        url,
+        uci,
+        duration=2.0,
+        max_events=10**9,
+        loop=True,
+        event_rate=2000,
+        score_rate=10,
+        out=str(tmp_path),
+    )
     res = asyncio.run(run_soak(SoakConfig(load=load, interval=0.5, redis_url=redis_url)))
     assert res["service_pid"] == os.getpid()
     samples = res["samples"]
@@ -441,5 +483,7 @@ def test_open_loop_counts_failures_as_errors():
     from tests.support.redis_server import free_port
 
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    report = run_open_loop(OpenLoopConfig(url=url, rate=50, duration=0.4, threads=2, timeout=1.0), [("a", "b", 1.0)])
+    report = run_open_loop(
+        OpenLoopConfig(url=url, rate=50, duration=0.4, threads=2, timeout=1.0), [("a", "b", 1.0)]
+    )
     assert report.requests == 20 and report.errors == 20 and report.latency.count == 0

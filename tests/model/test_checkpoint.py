@@ -72,7 +72,9 @@ def test_shape_mismatch_is_refused_even_with_matching_checksums(ckpt, tmp_path):
     tensors = load_file(str(other / "weights.safetensors"))
     name = next(k for k in tensors if k.endswith("A_log"))
     tensors[name] = torch.zeros(3, 3)
-    save_file(tensors, str(other / "weights.safetensors"), metadata={"format": "dygserve-checkpoint/1"})
+    save_file(
+        tensors, str(other / "weights.safetensors"), metadata={"format": "dygserve-checkpoint/1"}
+    )
     import hashlib
 
     sums = json.loads((other / "checksums.json").read_text())

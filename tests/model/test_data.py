@@ -8,7 +8,11 @@ from model.data import chronological_split, read_edge_stream
 
 @pytest.mark.parametrize(
     "name, rows, nodes, features",
-    [("uci", 59_835, 1_899, ()), ("mooc", 411_749, 7_144, ("f0", "f1", "f2", "f3")), ("bitcoin-otc", 35_592, 5_881, ("rating",))],
+    [
+        ("uci", 59_835, 1_899, ()),
+        ("mooc", 411_749, 7_144, ("f0", "f1", "f2", "f3")),
+        ("bitcoin-otc", 35_592, 5_881, ("rating",)),
+    ],
 )
 def test_real_files(data_dir, name, rows, nodes, features):
     s = read_edge_stream(data_dir / name / "edges.csv.gz")

@@ -29,7 +29,9 @@ def uci(data_dir):
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(3)
-    m = DygMambaLinkModel(ModelConfig(d_model=16, d_state=8, identity_match_dim=8, time_norm={"scale": 300.0}))
+    m = DygMambaLinkModel(
+        ModelConfig(d_model=16, d_state=8, identity_match_dim=8, time_norm={"scale": 300.0})
+    )
     # make the state matter: larger read-out weights than the default init
     with torch.no_grad():
         for p in m.readout.parameters():
@@ -44,7 +46,9 @@ def test_split_quantiles_and_new_nodes(data_dir) -> None:
     assert split.test_time == pytest.approx(np.quantile(stream.t, 0.85))
     n = len(stream)
     assert abs(split.val.sum() / n - 0.15) < 0.01 and abs(split.test.sum() / n - 0.15) < 0.01
-    assert (stream.t[split.train] <= split.val_time).all() and (stream.t[split.test] > split.test_time).all()
+    assert (stream.t[split.train] <= split.val_time).all() and (
+        stream.t[split.test] > split.test_time
+    ).all()
     # 10% of all nodes held out, all of them appear after val_time, none in training
     assert len(split.new_nodes) == int(0.1 * len(stream.nodes))
     train_nodes = set(stream.src[split.train]) | set(stream.dst[split.train])
@@ -53,8 +57,10 @@ def test_split_quantiles_and_new_nodes(data_dir) -> None:
     assert split.new_nodes <= late
     # inductive test events touch a node unseen in training
     ind = split.inductive(stream, split.test)
-    assert ind.any() and all((s not in train_nodes) or (d not in train_nodes)
-                             for s, d in zip(stream.src[ind], stream.dst[ind], strict=True))  # fmt: skip
+    assert ind.any() and all(
+        (s not in train_nodes) or (d not in train_nodes)
+        for s, d in zip(stream.src[ind], stream.dst[ind], strict=True)
+    )
 
 
 def test_query_score_ignores_events_at_or_after_its_time(uci, model) -> None:
@@ -75,7 +81,12 @@ def test_query_score_ignores_events_at_or_after_its_time(uci, model) -> None:
         rep.ingest(np.arange(len(truncated)))
         # nodes that never occurred before tau are initial states in both replays
         ids = data.node_ids
-        ok = np.array([ids[s] in to_trunc and ids[d] in to_trunc for s, d in zip(q.src[sel], q.dst[sel], strict=True)])
+        ok = np.array(
+            [
+                ids[s] in to_trunc and ids[d] in to_trunc
+                for s, d in zip(q.src[sel], q.dst[sel], strict=True)
+            ]
+        )
         qs = np.array([to_trunc[ids[s]] for s in q.src[sel][ok]], dtype=np.int64)
         qd = np.array([to_trunc[ids[d]] for d in q.dst[sel][ok]], dtype=np.int64)
         got = rep.score(qs, qd, q.t[sel][ok])
@@ -86,8 +97,12 @@ def test_query_score_ignores_events_at_or_after_its_time(uci, model) -> None:
 
 def test_batch_visibility_differs_from_exact(uci, model) -> None:
     data, split = uci
-    exact, _ = evaluate_model(model, data, split, ("test",), ("transductive",), ("random",), 0, "exact")
-    batch, _ = evaluate_model(model, data, split, ("test",), ("transductive",), ("random",), 0, "batch")
+    exact, _ = evaluate_model(
+        model, data, split, ("test",), ("transductive",), ("random",), 0, "exact"
+    )
+    batch, _ = evaluate_model(
+        model, data, split, ("test",), ("transductive",), ("random",), 0, "batch"
+    )
     a, b = exact["test"]["transductive"]["random"], batch["test"]["transductive"]["random"]
     assert a["n_positives"] == b["n_positives"] and a["ap"] != b["ap"]
 
@@ -99,24 +114,57 @@ def test_edgebank_is_causal(uci) -> None:
     seen_before = bool(((data.src == u[0]) & (data.dst == v[0]) & (data.t < t[0])).any())
     assert edgebank_logits(data, u, v, t)[0] == float(seen_before)
     first = int(np.where((data.src == u[0]) & (data.dst == v[0]))[0][0])
-    assert edgebank_logits(data, u, v, data.t[first : first + 1])[0] == 0.0  # not visible at its own time
+    assert (
+        edgebank_logits(data, u, v, data.t[first : first + 1])[0] == 0.0
+    )  # not visible at its own time
 
 
 def test_evaluate_cli_writes_beside_checkpoint(uci, model, tmp_path, data_dir) -> None:
     data, _ = uci
     ckpt = tmp_path / "ckpt"
-    save_checkpoint(ckpt, model, {"history": [
-        {"epoch": 0, "train_loss": 0.5, "train_ap": 0.8, "val_ap": 0.85, "epoch_time_s": 1.0, "eval_time_s": 0.5}]})  # fmt: skip
+    save_checkpoint(
+        ckpt,
+        model,
+        {
+            "history": [
+                {
+                    "epoch": 0,
+                    "train_loss": 0.5,
+                    "train_ap": 0.8,
+                    "val_ap": 0.85,
+                    "epoch_time_s": 1.0,
+                    "eval_time_s": 0.5,
+                }
+            ]
+        },
+    )
     scores = tmp_path / "scores.csv"
-    rc = main([
-        "--checkpoint", str(ckpt), "--data", str(data_dir / "uci" / "edges.csv.gz"), "--max-events", str(N_EVENTS),
-        "--splits", "test", "--mrr-k", "3", "--write-scores", str(scores),
-    ])  # fmt: skip
+    rc = main(
+        [
+            "--checkpoint",
+            str(ckpt),
+            "--data",
+            str(data_dir / "uci" / "edges.csv.gz"),
+            "--max-events",
+            str(N_EVENTS),
+            "--splits",
+            "test",
+            "--mrr-k",
+            "3",
+            "--write-scores",
+            str(scores),
+        ]
+    )
     assert rc == 0
     outs = [p for p in tmp_path.iterdir() if p.name.startswith("ckpt-eval-")]
     assert len(outs) == 1
     # nothing was written inside the checkpoint folder
-    assert {p.name for p in ckpt.iterdir()} == {"config.json", "weights.safetensors", "checksums.json", "metrics.json"}
+    assert {p.name for p in ckpt.iterdir()} == {
+        "config.json",
+        "weights.safetensors",
+        "checksums.json",
+        "metrics.json",
+    }
     out = outs[0]
     metrics = json.loads((out / "metrics.json").read_text())
     for setting in ("transductive", "inductive"):
@@ -134,11 +182,24 @@ def test_evaluate_cli_writes_beside_checkpoint(uci, model, tmp_path, data_dir) -
 
     pos = {int(r["event"]): float(r["logit"]) for r in rows if r["kind"] == "pos"}
     neg = [r for r in rows if r["kind"] == "random" and r["setting"] == "transductive"]
-    m = batched(np.array([pos[int(r["event"])] for r in neg]), np.array([float(r["logit"]) for r in neg]))
+    m = batched(
+        np.array([pos[int(r["event"])] for r in neg]), np.array([float(r["logit"]) for r in neg])
+    )
     assert m["ap"] == pytest.approx(metrics["test"]["transductive"]["random"]["ap"], abs=1e-9)
     # --out inside the checkpoint is refused
     with pytest.raises(SystemExit):
-        main(["--checkpoint", str(ckpt), "--data", str(data_dir / "uci"), "--out", str(ckpt / "x"), "--max-events", "500"])
+        main(
+            [
+                "--checkpoint",
+                str(ckpt),
+                "--data",
+                str(data_dir / "uci"),
+                "--out",
+                str(ckpt / "x"),
+                "--max-events",
+                "500",
+            ]
+        )
 
 
 def split_test_count(data: IndexedStream) -> int:
@@ -150,7 +211,10 @@ def test_baselines_on_same_queries(uci, model) -> None:
     out = run_baselines(model, data, split, ("test",), recompute_window=8, mrr_k=0)
     eb = out["edgebank"]["test"]["transductive"]
     assert 0.5 < eb["random"]["ap"] <= 1.0
-    assert out["recompute"]["test"]["transductive"]["random"]["n_positives"] == eb["random"]["n_positives"]
+    assert (
+        out["recompute"]["test"]["transductive"]["random"]["n_positives"]
+        == eb["random"]["n_positives"]
+    )
 
 
 def test_merged_groups_give_the_same_scores(uci, model) -> None:

@@ -30,14 +30,26 @@ def test_pair_negatives_are_past_edges_absent_from_the_batch(uci, strategy) -> N
     first_seen = {}
     for e in range(len(data)):
         first_seen.setdefault((int(data.src[e]), int(data.dst[e])), float(data.t[e]))
-    observed = {(int(data.src[e]), int(data.dst[e])) for e in np.where(data.t <= float(data.t[split.train].max()))[0]}
+    observed = {
+        (int(data.src[e]), int(data.dst[e]))
+        for e in np.where(data.t <= float(data.t[split.train].max()))[0]
+    }
     n_from_pool = 0
     for b in range(0, len(ev), 200):
         batch = ev[b : b + 200]
         start, end = float(data.t[batch[0]]), float(data.t[batch[-1]])
-        in_window = {(int(data.src[e]), int(data.dst[e])) for e in np.where((data.t >= start) & (data.t <= end))[0]}
-        pool = {(int(c // data.num_nodes), int(c % data.num_nodes)) for c in
-                (sampler.historical_pool(start, end) if strategy == "historical" else sampler.inductive_pool(start, end))}  # fmt: skip
+        in_window = {
+            (int(data.src[e]), int(data.dst[e]))
+            for e in np.where((data.t >= start) & (data.t <= end))[0]
+        }
+        pool = {
+            (int(c // data.num_nodes), int(c % data.num_nodes))
+            for c in (
+                sampler.historical_pool(start, end)
+                if strategy == "historical"
+                else sampler.inductive_pool(start, end)
+            )
+        }
         s, d = sampler.sample(data.src[batch], data.dst[batch], data.t[batch])
         assert len(s) == len(batch)
         for pair in zip(s.tolist(), d.tolist(), strict=True):
@@ -69,7 +81,11 @@ def test_samplers_are_seeded(uci) -> None:
     data, split = uci
     q1 = build_queries(data, split, ("test",), mrr_k=5)
     q2 = build_queries(data, split, ("test",), mrr_k=5)
-    assert np.array_equal(q1.src, q2.src) and np.array_equal(q1.dst, q2.dst) and np.array_equal(q1.t, q2.t)
+    assert (
+        np.array_equal(q1.src, q2.src)
+        and np.array_equal(q1.dst, q2.dst)
+        and np.array_equal(q1.t, q2.t)
+    )
     rng1, rng2 = np.random.default_rng([0, 1]), np.random.default_rng([0, 1])
     pool = np.unique(data.dst[split.train])
     assert np.array_equal(train_negatives(rng1, pool, 50), train_negatives(rng2, pool, 50))

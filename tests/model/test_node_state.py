@@ -40,7 +40,9 @@ def test_round_trip_is_exact():
     assert read_watermark(blobs[1]) == (1e15 + 0.25, 2**40)
     # The watermark sits where a Lua script reads it (1-based offsets 33 and 41).
     assert struct.unpack_from("<d", blobs[0], 32)[0] == 1.5
-    assert codec.blob_size == HEADER_SIZE + 4 * (2 * 16 * 4 + 2 * 16 * 2) + 16 * CFG.neighbour_list_len
+    assert (
+        codec.blob_size == HEADER_SIZE + 4 * (2 * 16 * 4 + 2 * 16 * 2) + 16 * CFG.neighbour_list_len
+    )
     # no lists given: empty lists
     empty = codec.decode_with_neighbours(blobs)[1]
     assert (empty.keys == PAD_KEY).all() and torch.isinf(empty.times).all()
@@ -49,11 +51,18 @@ def test_round_trip_is_exact():
 def test_neighbour_lists_round_trip_exactly():
     cfg = CFG.with_updates(neighbour_list_len=4)
     codec = StateCodec(cfg, "00ff00ff00ff00ff")
-    lists = NeighbourLists.from_lists([[5, 2**62 + 3], [], [1, 2, 3, 4, 5]], [[0.5, 1e15 + 0.25], [], [1, 2, 3, 4, 5.5]], 4)
+    lists = NeighbourLists.from_lists(
+        [[5, 2**62 + 3], [], [1, 2, 3, 4, 5]], [[0.5, 1e15 + 0.25], [], [1, 2, 3, 4, 5.5]], 4
+    )
     blobs = codec.encode_many(some_states(3), lists)
     back = codec.decode_with_neighbours(blobs)[1]
     assert back.keys.tolist() == [[PAD_KEY, PAD_KEY, 5, 2**62 + 3], [PAD_KEY] * 4, [2, 3, 4, 5]]
-    assert back.times[0, 2:].tolist() == [0.5, 1e15 + 0.25] and back.times[2].tolist() == [2, 3, 4, 5.5]
+    assert back.times[0, 2:].tolist() == [0.5, 1e15 + 0.25] and back.times[2].tolist() == [
+        2,
+        3,
+        4,
+        5.5,
+    ]
     assert torch.isinf(back.times[1]).all()
     # the list length is in the header (bytes 18..19), checked like the other shapes
     damaged = blobs[0][:18] + struct.pack("<H", 5) + blobs[0][20:]
@@ -73,7 +82,11 @@ def test_extended_keeps_the_last_l_entries_in_order():
     assert out.keys.tolist() == [[1, 2, 3], [5, 6, 7], [7, 8, 9]]
     assert out.times.tolist() == [[1.0, 2.0, 3.0], [5.0, 6.0, 7.0], [7.0, 8.0, 9.0]]
     # the same as building the lists from whole sequences
-    ref = NeighbourLists.from_lists([[1, 2, 3], [4, 5, 6, 7], [7, 8, 9]], [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0], [7.0, 8.0, 9.0]], 3)
+    ref = NeighbourLists.from_lists(
+        [[1, 2, 3], [4, 5, 6, 7], [7, 8, 9]],
+        [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0], [7.0, 8.0, 9.0]],
+        3,
+    )
     assert torch.equal(out.keys, ref.keys) and torch.equal(out.times, ref.times)
 
 
@@ -112,6 +125,14 @@ def test_decoded_states_own_their_memory():
     blob = codec.encode_many(some_states(1))[0]
     before = bytearray(blob)  # a real copy (bytes(blob) is blob itself)
     states, lists = codec.decode_with_neighbours([blob])
-    for x in (states.h, states.conv, states.t_last, states.last_seq, states.n_events, lists.keys, lists.times):
+    for x in (
+        states.h,
+        states.conv,
+        states.t_last,
+        states.last_seq,
+        states.n_events,
+        lists.keys,
+        lists.times,
+    ):
         x.add_(1)
     assert blob == before

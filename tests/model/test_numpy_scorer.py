@@ -22,25 +22,35 @@ from service.settings import DEFAULT_CHECKPOINT
 N_NODES = 12
 
 
-def _nodes(cfg: ModelConfig, gen: torch.Generator) -> tuple[NodeStates, NeighbourLists, torch.Tensor]:
+def _nodes(
+    cfg: ModelConfig, gen: torch.Generator
+) -> tuple[NodeStates, NeighbourLists, torch.Tensor]:
     """Random node states and neighbour lists drawn from a small key range, so that
     pairs share neighbours and repeat each other."""
     s = NodeStates.initial(N_NODES, cfg)
     s.h = torch.randn(s.h.shape, generator=gen)
     t_last = torch.rand(N_NODES, generator=gen, dtype=torch.float64) * 2000.0
     s.t_last = torch.where(torch.arange(N_NODES) % 4 == 3, float("-inf"), t_last)  # some never seen
-    s.n_events = torch.where(torch.isfinite(s.t_last), torch.randint(1, 500, (N_NODES,), generator=gen), 0)
+    s.n_events = torch.where(
+        torch.isfinite(s.t_last), torch.randint(1, 500, (N_NODES,), generator=gen), 0
+    )
     length = cfg.neighbour_list_len
     keys = torch.randint(0, 9, (N_NODES, length), generator=gen)
     times = torch.rand((N_NODES, length), generator=gen, dtype=torch.float64) * 2500.0
     fill = torch.randint(0, length + 1, (N_NODES,), generator=gen)
     empty = torch.arange(length).unsqueeze(0) < (length - fill).unsqueeze(1)  # right-aligned lists
-    lists = NeighbourLists(keys=torch.where(empty, PAD_KEY, keys), times=torch.where(empty, float("inf"), times))
-    node_keys = torch.arange(N_NODES, dtype=torch.int64) % 9  # node keys collide with neighbour keys
+    lists = NeighbourLists(
+        keys=torch.where(empty, PAD_KEY, keys), times=torch.where(empty, float("inf"), times)
+    )
+    node_keys = (
+        torch.arange(N_NODES, dtype=torch.int64) % 9
+    )  # node keys collide with neighbour keys
     return s, lists, node_keys
 
 
-def _pairs(n: int, same_time: bool, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _pairs(
+    n: int, same_time: bool, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     iu = torch.randint(0, N_NODES, (n,), generator=gen)
     iv = torch.randint(0, N_NODES, (n,), generator=gen)
     tau = torch.rand(n, generator=gen, dtype=torch.float64) * 2500.0
@@ -49,11 +59,20 @@ def _pairs(n: int, same_time: bool, gen: torch.Generator) -> tuple[torch.Tensor,
     return iu, iv, tau
 
 
-def _numpy_logits(scorer: NumpyScorer, s: NodeStates, lists: NeighbourLists, keys, iu, iv, tau) -> np.ndarray:
+def _numpy_logits(
+    scorer: NumpyScorer, s: NodeStates, lists: NeighbourLists, keys, iu, iv, tau
+) -> np.ndarray:
     return scorer.score_nodes(
-        s.h.numpy(), s.t_last.numpy(), s.n_events.numpy(), lists.keys.numpy(), lists.times.numpy(),
-        keys.numpy(), iu.numpy(), iv.numpy(), tau.numpy(),
-    )  # fmt: skip
+        s.h.numpy(),
+        s.t_last.numpy(),
+        s.n_events.numpy(),
+        lists.keys.numpy(),
+        lists.times.numpy(),
+        keys.numpy(),
+        iu.numpy(),
+        iv.numpy(),
+        tau.numpy(),
+    )
 
 
 VARIANTS = {
@@ -88,7 +107,12 @@ def test_numpy_scorer_equals_torch_on_the_bundled_checkpoint():
     for same_time in (True, False):
         iu, iv, tau = _pairs(25, same_time, gen)
         expected = score_nodes(ck.model, s, lists, keys, iu, iv, tau).numpy()
-        np.testing.assert_allclose(_numpy_logits(NumpyScorer(ck.model), s, lists, keys, iu, iv, tau), expected, rtol=1e-5, atol=2e-5)
+        np.testing.assert_allclose(
+            _numpy_logits(NumpyScorer(ck.model), s, lists, keys, iu, iv, tau),
+            expected,
+            rtol=1e-5,
+            atol=2e-5,
+        )
 
 
 def test_pair_features_and_latest_neighbours_equal_their_torch_twins():
@@ -96,14 +120,30 @@ def test_pair_features_and_latest_neighbours_equal_their_torch_twins():
     gen = torch.Generator().manual_seed(3)
     s, lists, keys = _nodes(cfg, gen)
     iu, iv, tau = _pairs(60, False, gen)
-    args = (keys[iu], keys[iv], tau, lists.keys[iu], lists.times[iu], lists.keys[iv], lists.times[iv],
-            s.n_events[iu], s.n_events[iv], s.t_last[iu], s.t_last[iv], cfg.time_norm)  # fmt: skip
+    args = (
+        keys[iu],
+        keys[iv],
+        tau,
+        lists.keys[iu],
+        lists.times[iu],
+        lists.keys[iv],
+        lists.times[iv],
+        s.n_events[iu],
+        s.n_events[iv],
+        s.t_last[iu],
+        s.t_last[iv],
+        cfg.time_norm,
+    )
     expected = torch_pair_features(*args).numpy()
     got = pair_features(*(a.numpy() if isinstance(a, torch.Tensor) else a for a in args))
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
-    assert (expected[:, 0] > 0).any() and (expected[:, 4] == 0).any()  # repeats and never-seen pairs both present
+    assert (expected[:, 0] > 0).any() and (
+        expected[:, 4] == 0
+    ).any()  # repeats and never-seen pairs both present
     np.testing.assert_array_equal(
-        latest_visible_neighbours(lists.keys.numpy(), lists.times.numpy(), tau[: N_NODES].numpy(), 4),
+        latest_visible_neighbours(
+            lists.keys.numpy(), lists.times.numpy(), tau[:N_NODES].numpy(), 4
+        ),
         torch_latest_visible(lists.keys, lists.times, tau[:N_NODES], 4).numpy(),
     )
 
@@ -118,4 +158,6 @@ def test_extreme_query_times_agree_without_warnings():
         tau = torch.full((N_NODES,), t, dtype=torch.float64)
         with np.errstate(all="raise"):
             got = _numpy_logits(NumpyScorer(ck.model), s, lists, keys, iu, iv, tau)
-        np.testing.assert_allclose(got, score_nodes(ck.model, s, lists, keys, iu, iv, tau).numpy(), rtol=1e-5, atol=2e-5)
+        np.testing.assert_allclose(
+            got, score_nodes(ck.model, s, lists, keys, iu, iv, tau).numpy(), rtol=1e-5, atol=2e-5
+        )

@@ -46,7 +46,16 @@ N_EVENTS, BATCH = 2000, 100
 @pytest.fixture(scope="module")
 def small_checkpoint(tmp_path_factory) -> Path:
     torch.manual_seed(0)
-    model = DygMambaLinkModel(ModelConfig(edge_feature_dim=2, n_layers=2, d_model=16, d_state=8, identity_match_dim=8, identity_match_depth=2))
+    model = DygMambaLinkModel(
+        ModelConfig(
+            edge_feature_dim=2,
+            n_layers=2,
+            d_model=16,
+            d_state=8,
+            identity_match_dim=8,
+            identity_match_depth=2,
+        )
+    )
     path = tmp_path_factory.mktemp("small") / "ck"
     save_checkpoint(path, model)
     return path
@@ -59,26 +68,38 @@ def default_export(tmp_path_factory) -> tuple[Path, dict]:
 
 
 @pytest.fixture(scope="module")
-def backends(small_checkpoint, default_export) -> dict[str, tuple[DygMambaLinkModel, OnnxLinkModel]]:
+def backends(
+    small_checkpoint, default_export
+) -> dict[str, tuple[DygMambaLinkModel, OnnxLinkModel]]:
     out, _ = default_export
     return {
         # onnx_dir=None: exported to a temporary folder (dynamo), then opened.
-        "small": (load_checkpoint(small_checkpoint).model, OnnxLinkModel.from_checkpoint(small_checkpoint)),
-        "default": (load_checkpoint(DEFAULT_CHECKPOINT).model, OnnxLinkModel.from_checkpoint(DEFAULT_CHECKPOINT, out)),
+        "small": (
+            load_checkpoint(small_checkpoint).model,
+            OnnxLinkModel.from_checkpoint(small_checkpoint),
+        ),
+        "default": (
+            load_checkpoint(DEFAULT_CHECKPOINT).model,
+            OnnxLinkModel.from_checkpoint(DEFAULT_CHECKPOINT, out),
+        ),
     }
 
 
 @pytest.fixture(scope="module")
 def uci(data_dir):
     stream = read_edge_stream(data_dir / "uci" / "edges.csv.gz", limit=N_EVENTS)
-    ids, inverse = np.unique(np.concatenate([stream.src, stream.dst]).astype(str), return_inverse=True)
+    ids, inverse = np.unique(
+        np.concatenate([stream.src, stream.dst]).astype(str), return_inverse=True
+    )
     n = len(stream)
     return {
         "src": inverse[:n],
         "dst": inverse[n:],
         "t": stream.t,
         "keys": node_keys(ids.tolist()),
-        "features": np.random.default_rng(0).standard_normal((n, 2)).astype(np.float32),  # UCI has none
+        "features": np.random.default_rng(0)
+        .standard_normal((n, 2))
+        .astype(np.float32),  # UCI has none
     }
 
 
@@ -97,11 +118,18 @@ def _stream(model, uci) -> tuple[list[torch.Tensor], list[NodeStates], NodeState
         qs = np.concatenate([uci["src"][idx], uci["src"][idx]])
         qd = np.concatenate([uci["dst"][idx], rng.integers(0, n_nodes, len(idx))])
         qt = np.concatenate([t[idx], t[idx]])
-        logits_all.append(score(
-            model, states.select(qs), states.select(qd), torch.from_numpy(keys[qs]), torch.from_numpy(keys[qd]),
-            torch.from_numpy(qt), NeighbourLists(torch.from_numpy(nbr_k[qs]), torch.from_numpy(nbr_t[qs])),
-            NeighbourLists(torch.from_numpy(nbr_k[qd]), torch.from_numpy(nbr_t[qd])),
-        ))  # fmt: skip
+        logits_all.append(
+            score(
+                model,
+                states.select(qs),
+                states.select(qd),
+                torch.from_numpy(keys[qs]),
+                torch.from_numpy(keys[qd]),
+                torch.from_numpy(qt),
+                NeighbourLists(torch.from_numpy(nbr_k[qs]), torch.from_numpy(nbr_t[qs])),
+                NeighbourLists(torch.from_numpy(nbr_k[qd]), torch.from_numpy(nbr_t[qd])),
+            )
+        )
         per: dict[int, list[NodeEvent]] = {}
         for e in idx.tolist():
             u, v = int(uci["src"][e]), int(uci["dst"][e])
@@ -111,7 +139,11 @@ def _stream(model, uci) -> tuple[list[torch.Tensor], list[NodeStates], NodeState
         nodes = torch.tensor(list(per))
         new = advance(model, states.select(nodes), [per[int(k)] for k in nodes])
         states.h[nodes], states.conv[nodes] = new.h, new.conv
-        states.t_last[nodes], states.last_seq[nodes], states.n_events[nodes] = new.t_last, new.last_seq, new.n_events
+        states.t_last[nodes], states.last_seq[nodes], states.n_events[nodes] = (
+            new.t_last,
+            new.last_seq,
+            new.n_events,
+        )
         touched_all.append(new)
         for node, evs in per.items():
             k = min(len(evs), length)
@@ -125,8 +157,12 @@ def _assert_states_equal(a: NodeStates, b: NodeStates) -> None:
     torch.testing.assert_close(a.h, b.h, rtol=RTOL, atol=ATOL)
     torch.testing.assert_close(a.conv, b.conv, rtol=RTOL, atol=ATOL)
     assert torch.equal(a.t_last, b.t_last) and a.t_last.dtype == b.t_last.dtype == torch.float64
-    assert torch.equal(a.last_seq, b.last_seq) and a.last_seq.dtype == b.last_seq.dtype == torch.int64
-    assert torch.equal(a.n_events, b.n_events) and a.n_events.dtype == b.n_events.dtype == torch.int64
+    assert (
+        torch.equal(a.last_seq, b.last_seq) and a.last_seq.dtype == b.last_seq.dtype == torch.int64
+    )
+    assert (
+        torch.equal(a.n_events, b.n_events) and a.n_events.dtype == b.n_events.dtype == torch.int64
+    )
 
 
 @pytest.mark.parametrize("which", ["small", "default"])
@@ -137,7 +173,9 @@ def test_streaming_parity_on_uci(backends, uci, which):
     assert len(logits_t) == len(logits_o) == N_EVENTS // BATCH
     for batch, (lt, lo) in enumerate(zip(logits_t, logits_o, strict=True)):
         assert lo.dtype == lt.dtype == torch.float32 and lo.shape == lt.shape
-        torch.testing.assert_close(lo, lt, rtol=RTOL, atol=ATOL, msg=lambda m, b=batch: f"batch {b}: {m}")
+        torch.testing.assert_close(
+            lo, lt, rtol=RTOL, atol=ATOL, msg=lambda m, b=batch: f"batch {b}: {m}"
+        )
     for st, so in zip(touched_t, touched_o, strict=True):
         _assert_states_equal(so, st)
     _assert_states_equal(final_o, final_t)
@@ -158,7 +196,9 @@ def test_manifest(default_export):
     assert {i["name"]: i["dtype"] for i in step["inputs"]}["t_last"] == "float64"
     assert step["inputs"][0]["shape"][0] == manifest["batch_dim"]
     assert [o["name"] for o in head["outputs"]] == ["logits"]
-    assert read_manifest(out, expected_version=version) == manifest  # sha256 of each file checks out
+    assert (
+        read_manifest(out, expected_version=version) == manifest
+    )  # sha256 of each file checks out
     assert not (DEFAULT_CHECKPOINT / MANIFEST_FILE).exists()
 
 
@@ -192,13 +232,17 @@ def test_cpu_provider_reported(backends):
 def test_cuda_provider(backends):
     torch_model, onnx_model = backends["default"]
     if "CUDAExecutionProvider" not in onnx_model.providers:
-        pytest.skip(f"CUDAExecutionProvider not in the session providers {list(onnx_model.providers)} (no onnxruntime-gpu/CUDA)")
+        pytest.skip(
+            f"CUDAExecutionProvider not in the session providers {list(onnx_model.providers)} (no onnxruntime-gpu/CUDA)"
+        )
     _check_batch(torch_model, onnx_model, 64)
 
 
 def _check_batch(torch_model, onnx_model, n: int) -> None:
     s = sample_step_inputs(torch_model, n, seed=n)
-    states = NodeStates(s["h"], s["conv"], s["t_last"], torch.zeros(n, dtype=torch.int64), torch.arange(n))
+    states = NodeStates(
+        s["h"], s["conv"], s["t_last"], torch.zeros(n, dtype=torch.int64), torch.arange(n)
+    )
     ev = EventInputs(s["other_key"], s["role"], s["features"], s["t"], torch.arange(n) + 7)
     with torch.no_grad():
         _assert_states_equal(onnx_model.step(states, ev), torch_model.step(states, ev))
@@ -209,7 +253,9 @@ def _check_batch(torch_model, onnx_model, n: int) -> None:
     ids = r["pair_ids"] if torch_model.config.identity_match_dim else None
     with torch.no_grad():
         expected = torch_model.score_states(su, sv, r["tau"], pair, ids)
-    torch.testing.assert_close(onnx_model.score_states(su, sv, r["tau"], pair, ids), expected, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        onnx_model.score_states(su, sv, r["tau"], pair, ids), expected, rtol=RTOL, atol=ATOL
+    )
 
 
 def test_batch_sizes_and_empty(backends):
@@ -217,17 +263,28 @@ def test_batch_sizes_and_empty(backends):
     for n in (1, 2, 1000):
         _check_batch(torch_model, onnx_model, n)
     empty = NodeStates.initial(0, onnx_model.config)
-    ev = EventInputs(*(torch.zeros(0, dtype=torch.int64),) * 2, torch.zeros(0, 2), torch.zeros(0, dtype=torch.float64), torch.zeros(0, dtype=torch.int64))
+    ev = EventInputs(
+        *(torch.zeros(0, dtype=torch.int64),) * 2,
+        torch.zeros(0, 2),
+        torch.zeros(0, dtype=torch.float64),
+        torch.zeros(0, dtype=torch.int64),
+    )
     assert len(onnx_model.step(empty, ev)) == 0
     no_ids = torch.zeros(0, 4, dtype=torch.int64)
-    assert onnx_model.score_states(empty, empty, torch.zeros(0, dtype=torch.float64), torch.zeros(0, 11), no_ids).shape == (0,)
+    assert onnx_model.score_states(
+        empty, empty, torch.zeros(0, dtype=torch.float64), torch.zeros(0, 11), no_ids
+    ).shape == (0,)
 
 
 def test_cli_and_ablations_with_torchscript_exporter(tmp_path):
     # Ablations drop inputs (no hashed embedding: other_key; no pair features: pair):
     # the backend feeds what each graph really has.
     torch.manual_seed(1)
-    model = DygMambaLinkModel(ModelConfig(d_model=8, d_state=4, node_hash_buckets=0, use_pair_features=False, edge_feature_dim=3))
+    model = DygMambaLinkModel(
+        ModelConfig(
+            d_model=8, d_state=4, node_hash_buckets=0, use_pair_features=False, edge_feature_dim=3
+        )
+    )
     ck = tmp_path / "ablation"
     save_checkpoint(ck, model)
     with pytest.raises(ValueError, match="inside the checkpoint"):
@@ -237,7 +294,11 @@ def test_cli_and_ablations_with_torchscript_exporter(tmp_path):
     assert out == tmp_path / "ablation-onnx" and (out / MANIFEST_FILE).is_file()
     manifest = json.loads((out / MANIFEST_FILE).read_text())
     assert manifest["exporter"] == "torchscript"
-    assert set(f.name for f in ck.iterdir()) == {"config.json", "weights.safetensors", "checksums.json"}
+    assert set(f.name for f in ck.iterdir()) == {
+        "config.json",
+        "weights.safetensors",
+        "checksums.json",
+    }
     onnx_model = OnnxLinkModel.from_checkpoint(ck, out).eval()
     for n in (1, 9):
         _check_batch(load_checkpoint(ck).model, onnx_model, n)

@@ -56,34 +56,66 @@ def test_pair_features_match_the_plain_twin():
     last = torch.rand(n, 2, generator=gen, dtype=torch.float64) * 20
     last[::5, 0] = float("-inf")  # never seen
     got = pair_features(
-        keys[:, 0], keys[:, 1], tau, nbr[:, 0], times[:, 0], nbr[:, 1], times[:, 1],
-        n_events[:, 0], n_events[:, 1], last[:, 0], last[:, 1], NORM,
-    )  # fmt: skip
+        keys[:, 0],
+        keys[:, 1],
+        tau,
+        nbr[:, 0],
+        times[:, 0],
+        nbr[:, 1],
+        times[:, 1],
+        n_events[:, 0],
+        n_events[:, 1],
+        last[:, 0],
+        last[:, 1],
+        NORM,
+    )
     assert got.shape == (n, PAIR_FEATURE_DIM) and got.dtype == torch.float32
-    want = torch.tensor([
-        reference(int(keys[i, 0]), int(keys[i, 1]), float(tau[i]), nbr[i, 0].tolist(), times[i, 0].tolist(),
-                  nbr[i, 1].tolist(), times[i, 1].tolist(), int(n_events[i, 0]), int(n_events[i, 1]),
-                  float(last[i, 0]), float(last[i, 1]))
-        for i in range(n)
-    ])  # fmt: skip
+    want = torch.tensor(
+        [
+            reference(
+                int(keys[i, 0]),
+                int(keys[i, 1]),
+                float(tau[i]),
+                nbr[i, 0].tolist(),
+                times[i, 0].tolist(),
+                nbr[i, 1].tolist(),
+                times[i, 1].tolist(),
+                int(n_events[i, 0]),
+                int(n_events[i, 1]),
+                float(last[i, 0]),
+                float(last[i, 1]),
+            )
+            for i in range(n)
+        ]
+    )
     torch.testing.assert_close(got, want.to(torch.float32), rtol=1e-5, atol=1e-5)
-    assert (got[:, 2] > 0).any() and (got[:, 4] == 1).any() and (got[:, 4] == 0).any()  # cases exercised
+    assert (
+        (got[:, 2] > 0).any() and (got[:, 4] == 1).any() and (got[:, 4] == 0).any()
+    )  # cases exercised
 
 
 def test_latest_visible_neighbours_match_the_plain_twin():
     gen = torch.Generator().manual_seed(5)
     n, length, depth = 200, 7, 3
     nbr = torch.randint(0, 1000, (n, length), generator=gen)
-    times = torch.sort(torch.rand(n, length, generator=gen, dtype=torch.float64) * 20, dim=1).values  # oldest first
+    times = torch.sort(
+        torch.rand(n, length, generator=gen, dtype=torch.float64) * 20, dim=1
+    ).values  # oldest first
     nbr[torch.rand(n, length, generator=gen) < 0.3] = PAD_KEY
     tau = torch.rand(n, generator=gen, dtype=torch.float64) * 22
     tau[0] = times[0, 3]  # an entry exactly at tau is not visible
     got = latest_visible_neighbours(nbr, times, tau, depth)
     want = []
     for i in range(n):
-        seen = [k for k, t in zip(nbr[i].tolist(), times[i].tolist(), strict=True) if k != PAD_KEY and t < tau[i]]
+        seen = [
+            k
+            for k, t in zip(nbr[i].tolist(), times[i].tolist(), strict=True)
+            if k != PAD_KEY and t < tau[i]
+        ]
         newest_first = seen[::-1][:depth]
         want.append(newest_first + [PAD_KEY] * (depth - len(newest_first)))
     assert got.tolist() == want
-    assert any(row[0] == PAD_KEY for row in want) and any(PAD_KEY not in row for row in want)  # both cases exercised
+    assert any(row[0] == PAD_KEY for row in want) and any(
+        PAD_KEY not in row for row in want
+    )  # both cases exercised
     assert any(row[0] != PAD_KEY and row[-1] == PAD_KEY for row in want)  # fewer visible than depth

@@ -21,7 +21,9 @@ from model.ssm import LOG_DECAY_FLOOR
 RTOL, ATOL = 1e-5, 1e-5
 
 
-def reference_fold(model: DygMambaLinkModel, s0: NodeStates, ev: EventInputs, lengths: torch.Tensor):
+def reference_fold(
+    model: DygMambaLinkModel, s0: NodeStates, ev: EventInputs, lengths: torch.Tensor
+):
     """Plain float64 loop over nodes, events and layers, from the layer equations."""
     cfg = model.config
     out_h = s0.h.double().clone()
@@ -33,8 +35,16 @@ def reference_fold(model: DygMambaLinkModel, s0: NodeStates, ev: EventInputs, le
             first = not math.isfinite(t_prev)
             gap = 0.0 if first else t - t_prev
             t_prev = t
-            single = EventInputs(ev.other_key[n, k : k + 1], ev.role[n, k : k + 1], ev.features[n, k : k + 1], ev.t[n, k : k + 1], ev.seq[n, k : k + 1])
-            r, _, phi = model.tokens(single, torch.tensor([gap], dtype=torch.float64), torch.tensor([first]))
+            single = EventInputs(
+                ev.other_key[n, k : k + 1],
+                ev.role[n, k : k + 1],
+                ev.features[n, k : k + 1],
+                ev.t[n, k : k + 1],
+                ev.seq[n, k : k + 1],
+            )
+            r, _, phi = model.tokens(
+                single, torch.tensor([gap], dtype=torch.float64), torch.tensor([first])
+            )
             r, phi = r[0].double(), phi[0].double()
             g = min(max(gap / cfg.time_norm.scale, 0.0), 1e30)
             for i, layer in enumerate(model.layers):
@@ -56,10 +66,17 @@ def reference_fold(model: DygMambaLinkModel, s0: NodeStates, ev: EventInputs, le
     return out_h, out_conv
 
 
-def fold_step(model: DygMambaLinkModel, s0: NodeStates, ev: EventInputs, lengths: torch.Tensor) -> NodeStates:
+def fold_step(
+    model: DygMambaLinkModel, s0: NodeStates, ev: EventInputs, lengths: torch.Tensor
+) -> NodeStates:
     cur = s0.clone()
     for k in range(ev.t.shape[1]):
-        nxt = model.step(cur, EventInputs(ev.other_key[:, k], ev.role[:, k], ev.features[:, k], ev.t[:, k], ev.seq[:, k]))
+        nxt = model.step(
+            cur,
+            EventInputs(
+                ev.other_key[:, k], ev.role[:, k], ev.features[:, k], ev.t[:, k], ev.seq[:, k]
+            ),
+        )
         active = k < lengths
         for f in ("h", "conv", "t_last", "last_seq", "n_events"):
             a, b = getattr(cur, f), getattr(nxt, f)
@@ -188,7 +205,13 @@ def test_a_broken_scan_is_caught():
     s0, ev, lengths = random_case(3, 3, 20, cfg, "regular")
     with torch.no_grad():
         stepped = fold_step(model, s0, ev, lengths)
-        ev_off = EventInputs(ev.other_key, ev.role, ev.features, ev.t + torch.linspace(0, 1, 20, dtype=torch.float64), ev.seq)
+        ev_off = EventInputs(
+            ev.other_key,
+            ev.role,
+            ev.features,
+            ev.t + torch.linspace(0, 1, 20, dtype=torch.float64),
+            ev.seq,
+        )
         scanned_wrong, _ = model.scan(s0, ev_off, lengths)
     with pytest.raises(AssertionError):
         assert_close(scanned_wrong.h, stepped.h)
@@ -227,7 +250,13 @@ def test_zero_gap_event_still_adds_input():
     s0 = NodeStates.initial(1, cfg)
     s0.t_last[:] = 7.0
     s0.n_events[:] = 1
-    ev = EventInputs(torch.tensor([3]), torch.tensor([0]), torch.zeros(1, 0), torch.tensor([7.0], dtype=torch.float64), torch.tensor([1]))
+    ev = EventInputs(
+        torch.tensor([3]),
+        torch.tensor([0]),
+        torch.zeros(1, 0),
+        torch.tensor([7.0], dtype=torch.float64),
+        torch.tensor([1]),
+    )
     with torch.no_grad():
         s1 = model.step(s0, ev)
     assert s1.h.abs().sum() > 0

@@ -14,13 +14,22 @@ from model.node_state import NeighbourLists, NodeStates
 from model.rank_plan import RankPlan
 
 
-def _events(lengths: tuple[int, ...], t0: float, gen: torch.Generator) -> list[list[streaming.NodeEvent]]:
+def _events(
+    lengths: tuple[int, ...], t0: float, gen: torch.Generator
+) -> list[list[streaming.NodeEvent]]:
     per_node = []
     for n_events in lengths:
         t = t0 + torch.cumsum(torch.rand(n_events, generator=gen, dtype=torch.float64) * 10, 0)
         t[1::3] = t[0::3][: len(t[1::3])]  # some equal timestamps: zero gaps
         t = torch.cummax(t, 0).values
-        per_node.append([streaming.NodeEvent(int(k) * 7 + 1, int(k % 2), [0.5, -float(k)], float(t[k]), int(k)) for k in range(n_events)])
+        per_node.append(
+            [
+                streaming.NodeEvent(
+                    int(k) * 7 + 1, int(k % 2), [0.5, -float(k)], float(t[k]), int(k)
+                )
+                for k in range(n_events)
+            ]
+        )
     return per_node
 
 
@@ -28,17 +37,26 @@ def _carried_states(n: int, cfg: ModelConfig, gen: torch.Generator) -> NodeState
     s = NodeStates.initial(n, cfg)
     s.h = torch.randn(s.h.shape, generator=gen)
     s.conv = torch.randn(s.conv.shape, generator=gen)
-    s.t_last = torch.where(torch.arange(n) % 2 == 0, torch.full((n,), -5.0, dtype=torch.float64), s.t_last)
+    s.t_last = torch.where(
+        torch.arange(n) % 2 == 0, torch.full((n,), -5.0, dtype=torch.float64), s.t_last
+    )
     s.n_events = torch.where(torch.isfinite(s.t_last), 3, 0)
     return s
 
 
-def _fold_step(model: DygMambaLinkModel, s0: NodeStates, i: int, events: list[streaming.NodeEvent]) -> NodeStates:
+def _fold_step(
+    model: DygMambaLinkModel, s0: NodeStates, i: int, events: list[streaming.NodeEvent]
+) -> NodeStates:
     cur = s0.select([i])
     with torch.no_grad():
         for e in events:
-            ev = EventInputs(torch.tensor([e.other_key]), torch.tensor([e.role]), torch.tensor([list(e.features)], dtype=torch.float32),
-                             torch.tensor([e.t], dtype=torch.float64), torch.tensor([e.seq]))  # fmt: skip
+            ev = EventInputs(
+                torch.tensor([e.other_key]),
+                torch.tensor([e.role]),
+                torch.tensor([list(e.features)], dtype=torch.float32),
+                torch.tensor([e.t], dtype=torch.float64),
+                torch.tensor([e.seq]),
+            )
             cur = model.step(cur, ev)
     return cur
 
@@ -52,20 +70,30 @@ def test_advance_equals_a_fold_of_step(route, n_layers, d_conv, carried, monkeyp
     model = DygMambaLinkModel(cfg).eval()
     gen = torch.Generator().manual_seed(1)
     per_node = _events((1, 3, 33, 120, 0, 40, 2, 0), 0.0, gen)
-    s0 = _carried_states(len(per_node), cfg, gen) if carried else NodeStates.initial(len(per_node), cfg)
+    s0 = (
+        _carried_states(len(per_node), cfg, gen)
+        if carried
+        else NodeStates.initial(len(per_node), cfg)
+    )
     if route == "stepwise":
         out = streaming._advance_stepwise(model, s0, per_node)
     else:
         if route == "ranked_small_blocks":  # forces many runs of ranks (bounded memory path)
             layer_ranked = type(model.layers[0]).ranked
-            monkeypatch.setattr(type(model.layers[0]), "ranked", lambda self, *a, **k: layer_ranked(self, *a, **{**k, "block_elements": 3000}))
+            monkeypatch.setattr(
+                type(model.layers[0]),
+                "ranked",
+                lambda self, *a, **k: layer_ranked(self, *a, **{**k, "block_elements": 3000}),
+            )
         out = streaming.advance(model, s0, per_node)
     for i, events in enumerate(per_node):
         ref = _fold_step(model, s0, i, events)
         torch.testing.assert_close(out.h[i : i + 1], ref.h, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(out.conv[i : i + 1], ref.conv, rtol=1e-5, atol=1e-5)
         assert int(out.n_events[i]) == int(s0.n_events[i]) + len(events)
-        assert float(out.t_last[i]) == float(ref.t_last[0]) or (not events and not torch.isfinite(out.t_last[i]))
+        assert float(out.t_last[i]) == float(ref.t_last[0]) or (
+            not events and not torch.isfinite(out.t_last[i])
+        )
         assert int(out.last_seq[i]) == int(ref.last_seq[0])
 
 
@@ -90,7 +118,11 @@ def test_no_events_leaves_states_unchanged():
     model = DygMambaLinkModel(cfg).eval()
     s0 = _carried_states(3, cfg, torch.Generator().manual_seed(0))
     out = streaming.advance(model, s0, [[], [], []])
-    assert torch.equal(out.h, s0.h) and torch.equal(out.conv, s0.conv) and torch.equal(out.n_events, s0.n_events)
+    assert (
+        torch.equal(out.h, s0.h)
+        and torch.equal(out.conv, s0.conv)
+        and torch.equal(out.n_events, s0.n_events)
+    )
 
 
 def test_rank_plan_layout():
@@ -118,7 +150,16 @@ def test_rank_plan_layout():
 
 
 @pytest.mark.parametrize("same_time", [True, False])
-@pytest.mark.parametrize("variant", [{}, {"use_pair_features": False}, {"use_state": False}, {"identity_match_dim": 8}, {"identity_match_dim": 8, "identity_match_depth": 3}])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"use_pair_features": False},
+        {"use_state": False},
+        {"identity_match_dim": 8},
+        {"identity_match_dim": 8, "identity_match_depth": 3},
+    ],
+)
 def test_score_nodes_equals_score_of_gathered_pairs(same_time, variant):
     """The service's indexed scoring (each node read out once) against ``score`` on
     states copied out per pair, with repeated nodes, never-seen nodes and queries
@@ -132,9 +173,22 @@ def test_score_nodes_equals_score_of_gathered_pairs(same_time, variant):
     keys = torch.arange(6, dtype=torch.int64) * 7 + 1  # node keys that also occur as neighbours
     iu = torch.tensor([0, 0, 2, 3, 5, 1, 4])
     iv = torch.tensor([2, 4, 2, 1, 0, 1, 3])
-    tau = torch.full((7,), 40.0, dtype=torch.float64) if same_time else torch.tensor([40.0, 3.0, 12.5, 60.0, 0.0, 8.0, 25.0], dtype=torch.float64)
+    tau = (
+        torch.full((7,), 40.0, dtype=torch.float64)
+        if same_time
+        else torch.tensor([40.0, 3.0, 12.5, 60.0, 0.0, 8.0, 25.0], dtype=torch.float64)
+    )
     got = streaming.score_nodes(model, states, lists, keys, iu, iv, tau)
-    want = streaming.score(model, states.select(iu), states.select(iv), keys[iu], keys[iv], tau, lists.select(iu), lists.select(iv))
+    want = streaming.score(
+        model,
+        states.select(iu),
+        states.select(iv),
+        keys[iu],
+        keys[iv],
+        tau,
+        lists.select(iu),
+        lists.select(iv),
+    )
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     assert got.shape == (7,) and not torch.equal(got[0], got[1])  # the pairs differ
 
@@ -153,6 +207,11 @@ def test_chunked_read_out_equals_one_pass() -> None:
     t_last[::7] = float("-inf")
     tau = t_last.nan_to_num(neginf=0.0) + torch.rand(n, dtype=torch.float64) * 50
     with torch.no_grad():
-        torch.testing.assert_close(model.node_readout_chunked(h, t_last, tau), model.node_readout(h, t_last, tau), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(
+            model.node_readout_chunked(h, t_last, tau),
+            model.node_readout(h, t_last, tau),
+            rtol=1e-6,
+            atol=1e-6,
+        )
         small = model.node_readout_chunked(h[:3], t_last[:3], tau[:3])
     assert small.shape == (3, cfg.d_out) and rows > 1

@@ -28,7 +28,9 @@ def test_linear_encoder_standardises_log_span():
 
 
 def test_fit_uses_positive_gaps_only():
-    norm = fit_time_normalisation(torch.tensor([0.0, 0.0, 2.0, 4.0, 6.0, float("inf")], dtype=torch.float64))
+    norm = fit_time_normalisation(
+        torch.tensor([0.0, 0.0, 2.0, 4.0, 6.0, float("inf")], dtype=torch.float64)
+    )
     assert norm.scale == 4.0
     assert norm.log_std > 0
 

@@ -30,7 +30,15 @@ def uci_path(data_dir):
 @pytest.fixture(scope="module")
 def trained(uci_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("ckpt")
-    version = train(uci_path, out, {"d_model": 16, "d_state": 8, "identity_match_dim": 8, "identity_match_depth": 2}, epochs=1, max_events=N_EVENTS, progress=False, window=8)
+    version = train(
+        uci_path,
+        out,
+        {"d_model": 16, "d_state": 8, "identity_match_dim": 8, "identity_match_depth": 2},
+        epochs=1,
+        max_events=N_EVENTS,
+        progress=False,
+        window=8,
+    )
     return out, version
 
 
@@ -45,7 +53,9 @@ def test_checkpoint_and_metrics(trained) -> None:
     ckpt = load_checkpoint(out)
     assert ckpt.version == version
     assert ckpt.config.edge_feature_dim == 0 and ckpt.config.d_model == 16
-    assert ckpt.config.time_norm.scale > 0 and ckpt.config.time_norm.scale != 1.0  # fitted on the train split
+    assert (
+        ckpt.config.time_norm.scale > 0 and ckpt.config.time_norm.scale != 1.0
+    )  # fitted on the train split
     m = json.loads((out / "metrics.json").read_text())
     assert m["best_epoch"] == 0 and len(m["history"]) == 1
     for key in ("train_loss", "train_ap", "val_ap", "epoch_time_s", "eval_time_s"):
@@ -68,8 +78,11 @@ def test_evaluator_equals_event_by_event_advance_and_score(trained, uci_slice) -
     order = np.argsort(q.t, kind="stable")
     expected = np.full(len(q), np.nan)
     qi = 0
+
     def nl(nodes):
-        return NeighbourLists.from_lists([[k for k, _ in lists[n]] for n in nodes], [[t for _, t in lists[n]] for n in nodes], L)
+        return NeighbourLists.from_lists(
+            [[k for k, _ in lists[n]] for n in nodes], [[t for _, t in lists[n]] for n in nodes], L
+        )
 
     for e in range(len(data) + 1):
         t_e = data.t[e] if e < len(data) else np.inf
@@ -81,9 +94,15 @@ def test_evaluator_equals_event_by_event_advance_and_score(trained, uci_slice) -
             sel = order[qi:j]
             s, d = q.src[sel], q.dst[sel]
             expected[sel] = score(
-                model, states.select(torch.from_numpy(s)), states.select(torch.from_numpy(d)),
-                torch.from_numpy(data.keys[s]), torch.from_numpy(data.keys[d]), torch.from_numpy(q.t[sel]), nl(s), nl(d),
-            ).numpy()  # fmt: skip
+                model,
+                states.select(torch.from_numpy(s)),
+                states.select(torch.from_numpy(d)),
+                torch.from_numpy(data.keys[s]),
+                torch.from_numpy(data.keys[d]),
+                torch.from_numpy(q.t[sel]),
+                nl(s),
+                nl(d),
+            ).numpy()
             qi = j
         if e == len(data):
             break
@@ -91,11 +110,21 @@ def test_evaluator_equals_event_by_event_advance_and_score(trained, uci_slice) -
         a, b = endpoint_events(int(data.keys[u]), int(data.keys[v]), [], float(data.t[e]), e)
         if u == v:
             new = advance(model, states.select([u]), [[a, b]])
-            states.h[u], states.conv[u], states.t_last[u], states.n_events[u] = new.h[0], new.conv[0], new.t_last[0], new.n_events[0]
+            states.h[u], states.conv[u], states.t_last[u], states.n_events[u] = (
+                new.h[0],
+                new.conv[0],
+                new.t_last[0],
+                new.n_events[0],
+            )
         else:
             new = advance(model, states.select([u, v]), [[a], [b]])
             for i, n in enumerate((u, v)):
-                states.h[n], states.conv[n], states.t_last[n], states.n_events[n] = new.h[i], new.conv[i], new.t_last[i], new.n_events[i]
+                states.h[n], states.conv[n], states.t_last[n], states.n_events[n] = (
+                    new.h[i],
+                    new.conv[i],
+                    new.t_last[i],
+                    new.n_events[i],
+                )
         lists[u].append((int(data.keys[v]), float(data.t[e])))
         lists[v].append((int(data.keys[u]), float(data.t[e])))
     assert not np.isnan(expected).any()
@@ -138,9 +167,14 @@ def test_trainer_scores_equal_streaming_scores(trained, uci_slice, coarse) -> No
     to_sub = {nid: i for i, nid in enumerate(sub.node_ids)}
     remap = np.array([to_sub.get(nid, -1) for nid in data.node_ids])
     q = Queries(
-        remap[np.concatenate(qs)], remap[np.concatenate(qd)], np.concatenate(qt), np.concatenate(qe),
-        np.full(len(got), "x", dtype=object), np.full(len(got), "", dtype=object), np.full(len(got), "train", dtype=object),
-    )  # fmt: skip
+        remap[np.concatenate(qs)],
+        remap[np.concatenate(qd)],
+        np.concatenate(qt),
+        np.concatenate(qe),
+        np.full(len(got), "x", dtype=object),
+        np.full(len(got), "", dtype=object),
+        np.full(len(got), "train", dtype=object),
+    )
     q.logit = np.full(len(q), np.nan)
     assert (q.src >= 0).all() and (q.dst >= 0).all()
     replay(model, sub, q)
@@ -148,8 +182,14 @@ def test_trainer_scores_equal_streaming_scores(trained, uci_slice, coarse) -> No
 
 
 def test_resume_continues_exactly(uci_path, tmp_path) -> None:
-    kw = dict(config={"d_model": 8, "d_state": 4, "d_time": 4, "head_hidden": 16}, max_events=1200,
-              progress=False, test_eval=False, window=4, patience=5)  # fmt: skip
+    kw = dict(
+        config={"d_model": 8, "d_state": 4, "d_time": 4, "head_hidden": 16},
+        max_events=1200,
+        progress=False,
+        test_eval=False,
+        window=4,
+        patience=5,
+    )
     straight = tmp_path / "straight"
     train(uci_path, straight, epochs=2, **kw)
     split_run = tmp_path / "split"
@@ -172,14 +212,31 @@ def test_resume_continues_exactly(uci_path, tmp_path) -> None:
 
 
 def test_feature_only_ablation_trains(uci_path, tmp_path) -> None:
-    train(uci_path, tmp_path, {"use_state": False}, epochs=1, max_events=1200, progress=False, test_eval=False)
+    train(
+        uci_path,
+        tmp_path,
+        {"use_state": False},
+        epochs=1,
+        max_events=1200,
+        progress=False,
+        test_eval=False,
+    )
     ckpt = load_checkpoint(tmp_path)
     assert not ckpt.config.use_state
     assert 0.5 < ckpt.metrics["val"]["ap"] <= 1.0
 
 
 def test_batch_visibility_training_runs(uci_path, tmp_path) -> None:
-    train(uci_path, tmp_path, {"d_model": 8, "d_state": 4}, epochs=1, max_events=1200, progress=False,
-          test_eval=False, visibility="batch", window=4)  # fmt: skip
+    train(
+        uci_path,
+        tmp_path,
+        {"d_model": 8, "d_state": 4},
+        epochs=1,
+        max_events=1200,
+        progress=False,
+        test_eval=False,
+        visibility="batch",
+        window=4,
+    )
     ckpt = load_checkpoint(tmp_path)
     assert ckpt.metrics["visibility"] == "batch" and 0.0 < ckpt.metrics["val"]["ap"] <= 1.0

@@ -51,7 +51,9 @@ def batches_of(rows: list[Any], size: int) -> list[list[Any]]:
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-def wait_until(pred: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "") -> Any:
+def wait_until(
+    pred: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = ""
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -154,7 +156,9 @@ class Driver:
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         alive = [t.name for t in self._threads if t.is_alive()]
-        assert not alive, f"senders still running after {timeout}s: {alive}; errors {self.errors[:5]}"
+        assert not alive, (
+            f"senders still running after {timeout}s: {alive}; errors {self.errors[:5]}"
+        )
         assert not self.errors, self.errors[:5]
 
     def _take(self) -> Batch | None:
@@ -194,7 +198,9 @@ class Driver:
                 outcome = str(r.status_code)
             except httpx.TimeoutException as e:
                 outcome = "timeout"
-                self.errors.append(f"batch {b.index}: no answer within {self.timeout}s ({type(e).__name__})")
+                self.errors.append(
+                    f"batch {b.index}: no answer within {self.timeout}s ({type(e).__name__})"
+                )
             except httpx.HTTPError as e:
                 outcome = type(e).__name__
                 r = None
@@ -238,8 +244,6 @@ def redis_store(url: str) -> RedisStore:
     return RedisStore(RedisStoreConfig(url=url))
 
 
-
-
 def check_log_against_outcomes(log: list[LoggedEvent], batches: list[Batch]) -> dict[str, int]:
     """Every event a client saw accepted or reported as duplicate is in the log exactly
     once; every event it saw rejected is not; the log holds nothing else."""
@@ -263,7 +267,11 @@ def check_log_against_outcomes(log: list[LoggedEvent], batches: list[Batch]) -> 
     assert not wrongly, f"{len(wrongly)} rejected events were logged, e.g. {sorted(wrongly)[:5]}"
     assert in_log == logged, f"{len(in_log - logged)} logged events no client was told about"
     reasons = Counter(r.split(":", 1)[0] for r in refused.values())
-    return {"logged": len(in_log), "rejected": len(refused), **{f"rejected_{k}": v for k, v in reasons.items()}}
+    return {
+        "logged": len(in_log),
+        "rejected": len(refused),
+        **{f"rejected_{k}": v for k, v in reasons.items()},
+    }
 
 
 def replay(log: list[LoggedEvent], runtime: ModelRuntime, batch: int = 2000) -> InMemoryStore:
@@ -326,8 +334,12 @@ def verify_exactly_once(
         # Hence the tolerance: |a - b| <= STATE_TOL * (1 + |b|) elementwise.
         assert scaled <= STATE_TOL, f"state difference {scaled} (scaled by 1+|h|) > {STATE_TOL}"
         return {
-            "log": log, "nodes": len(nodes), "events_logged": len(log),
-            "max_abs_diff": diff, "max_scaled_diff": scaled, "max_abs_h": float(b.h.abs().max()),
-        }  # fmt: skip
+            "log": log,
+            "nodes": len(nodes),
+            "events_logged": len(log),
+            "max_abs_diff": diff,
+            "max_scaled_diff": scaled,
+            "max_abs_h": float(b.h.abs().max()),
+        }
     finally:
         store.close()

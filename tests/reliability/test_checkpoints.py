@@ -52,18 +52,33 @@ def models(tmp_path_factory) -> Path:
     shutil.copytree(DEFAULT_CHECKPOINT, mm)
     shutil.copy(root / "other" / WEIGHTS_FILE, mm / WEIGHTS_FILE)
     config_bytes, weights = (mm / CONFIG_FILE).read_bytes(), (mm / WEIGHTS_FILE).read_bytes()
-    sums = {CONFIG_FILE: _sha256(config_bytes), WEIGHTS_FILE: _sha256(weights),
-            "model_version": model_version(json.loads(config_bytes), weights)}  # fmt: skip
+    sums = {
+        CONFIG_FILE: _sha256(config_bytes),
+        WEIGHTS_FILE: _sha256(weights),
+        "model_version": model_version(json.loads(config_bytes), weights),
+    }
     (mm / CHECKSUMS_FILE).write_text(json.dumps(sums))
     return root
 
 
-def run_serve(checkpoint: Path, workers: int = 1, redis_url: str | None = None) -> subprocess.CompletedProcess:
+def run_serve(
+    checkpoint: Path, workers: int = 1, redis_url: str | None = None
+) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1", "DYGSERVE_WORKERS": str(workers)}
     if redis_url:
         env["DYGSERVE_REDIS_URL"] = redis_url
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--checkpoint", str(checkpoint),
-           "--port", str(free_port()), "--log-level", "warning"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "service.cli",
+        "serve",
+        "--checkpoint",
+        str(checkpoint),
+        "--port",
+        str(free_port()),
+        "--log-level",
+        "warning",
+    ]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=90)
 
 
@@ -83,7 +98,10 @@ def test_refused_at_start_with_several_workers(models, redis_aof):
 
 
 def test_refused_at_hot_reload_previous_version_keeps_serving(models, tmp_path, figures):
-    svc = serve(tmp_path / "svc", {"DYGSERVE_CHECKPOINT": str(models / "good"), "DYGSERVE_MODELS_DIR": str(models)})
+    svc = serve(
+        tmp_path / "svc",
+        {"DYGSERVE_CHECKPOINT": str(models / "good"), "DYGSERVE_MODELS_DIR": str(models)},
+    )
     stop = threading.Event()
     served: list[tuple[int, str | None]] = []
 
@@ -102,7 +120,15 @@ def test_refused_at_hot_reload_previous_version_keeps_serving(models, tmp_path, 
     try:
         with svc.client() as c:
             before = c.get("/v1/model").json()["model_version"]
-            c.post("/v1/events", json={"events": [{"src": "a", "dst": "b", "t": 10.0}, {"src": "b", "dst": "c", "t": 20.0}]})
+            c.post(
+                "/v1/events",
+                json={
+                    "events": [
+                        {"src": "a", "dst": "b", "t": 10.0},
+                        {"src": "b", "dst": "c", "t": 20.0},
+                    ]
+                },
+            )
             score = c.get("/v1/score", params={"src": "a", "dst": "b", "t": 30.0}).json()
             traffic.start()
             wait_until(lambda: len(served) >= 3, 30, 0.01, "score traffic")
@@ -116,9 +142,16 @@ def test_refused_at_hot_reload_previous_version_keeps_serving(models, tmp_path, 
                 # Same state, same score; dynamic batching with the background traffic may
                 # change the float32 rounding of the read-out (batch-size-dependent kernels).
                 assert again.pop("logit") == pytest.approx(score["logit"], rel=1e-6, abs=1e-6)
-                assert again.pop("probability") == pytest.approx(score["probability"], rel=1e-6, abs=1e-6)
-                assert again == {k: v for k, v in score.items() if k not in ("logit", "probability")}
-                ok = c.post("/v1/events", json={"events": [{"src": f"{kind}-u", "dst": f"{kind}-v", "t": 40.0}]}).json()
+                assert again.pop("probability") == pytest.approx(
+                    score["probability"], rel=1e-6, abs=1e-6
+                )
+                assert again == {
+                    k: v for k, v in score.items() if k not in ("logit", "probability")
+                }
+                ok = c.post(
+                    "/v1/events",
+                    json={"events": [{"src": f"{kind}-u", "dst": f"{kind}-v", "t": 40.0}]},
+                ).json()
                 assert ok["accepted"] == 1
             # odd names (found by the fuzzer: a NUL byte made this a 500)
             for name in ("good\x00", "x" * 300, "a/" * 3000, " ", "good/../../etc"):

@@ -43,7 +43,8 @@ def children(pid: int) -> list[int]:
 def overlapping_concurrent_pairs(driver: Driver) -> int:
     """Pairs of batches that were in flight at the same time and share a node."""
     spans = [
-        (b.first_sent, b.acked_at, {n for e in b.events for n in (e["src"], e["dst"])}) for b in driver.batches
+        (b.first_sent, b.acked_at, {n for e in b.events for n in (e["src"], e["dst"])})
+        for b in driver.batches
     ]
     n = 0
     for i, (s1, e1, n1) in enumerate(spans):
@@ -59,7 +60,9 @@ def test_two_workers_eight_clients_lose_no_update(data_dir, redis_aof, runtime, 
     try:
         workers = children(svc.proc.pid)  # uvicorn's worker processes (spawned children)
         before = {p: cpu_ticks(p) for p in workers}
-        driver = Driver(batches_of(events, BATCH), svc.url, n_clients=CLIENTS, keepalive=False).start()
+        driver = Driver(
+            batches_of(events, BATCH), svc.url, n_clients=CLIENTS, keepalive=False
+        ).start()
         driver.join(300)
         assert set(driver.statuses) == {"200"}, driver.statuses
         # Both workers served: each took a fair share of the children's CPU (a share,

@@ -42,15 +42,21 @@ def test_sigkill_under_eight_concurrent_clients(data_dir, redis_aof, runtime, tm
     driver = Driver(batches_of(events, BATCH), services[0].url, n_clients=CLIENTS).start()
     store = redis_store(redis_aof.url)
     try:
-        wait_until(lambda: driver.acked >= 0.35 * len(driver.batches) and driver.in_flight >= 4, 240, 0.01,
-                   "35% of the batches acknowledged and requests in flight")  # fmt: skip
+        wait_until(
+            lambda: driver.acked >= 0.35 * len(driver.batches) and driver.in_flight >= 4,
+            240,
+            0.01,
+            "35% of the batches acknowledged and requests in flight",
+        )
         driver.up.clear()  # senders whose request fails now wait for the restart
         in_flight = driver.in_flight
         assert services[0].stop(signal.SIGKILL) == -signal.SIGKILL
         logged_at_kill = len(read_whole_log(store))
         pending_at_kill = len(store.pending(N_EVENTS))
         acked_at_kill = sum(
-            b.response["accepted"] + b.response["duplicates"] for b in driver.batches if b.response is not None
+            b.response["accepted"] + b.response["duplicates"]
+            for b in driver.batches
+            if b.response is not None
         )
 
         services.append(serve(tmp_path / "second", env))  # ready only after its start-up re-drive
@@ -103,7 +109,10 @@ def test_crash_between_logging_and_applying(data_dir, redis_aof, runtime, tmp_pa
         with services[-1].client() as c:
             for b in batches_of(first, 500):
                 assert c.post("/v1/events", json={"events": b}).json()["accepted"] == len(b)
-        assert services[-1].stop() in (0, -signal.SIGTERM)  # uvicorn re-raises SIGTERM after a graceful stop
+        assert services[-1].stop() in (
+            0,
+            -signal.SIGTERM,
+        )  # uvicorn re-raises SIGTERM after a graceful stop
 
         services.append(serve(tmp_path / "faulty", {**env, "DYGSERVE_FAULT": "after_log"}))
         with services[-1].client() as c, pytest.raises(httpx.HTTPError):
@@ -113,7 +122,9 @@ def test_crash_between_logging_and_applying(data_dir, redis_aof, runtime, tmp_pa
         assert sorted(e.event_id for e in pending) == sorted(e["event_id"] for e in second)
         # not applied: no blob has a watermark beyond the first part's seqs
         nodes = sorted({n for e in second for n in (e["src"], e["dst"])})
-        marks = [runtime.codec.check_header(b)[1] for b in store.read_states(runtime.version, nodes) if b]
+        marks = [
+            runtime.codec.check_header(b)[1] for b in store.read_states(runtime.version, nodes) if b
+        ]
         assert max(marks) <= len(first)
 
         services.append(serve(tmp_path / "after", env))  # re-drives on start
@@ -126,9 +137,12 @@ def test_crash_between_logging_and_applying(data_dir, redis_aof, runtime, tmp_pa
         checked = verify_exactly_once(redis_aof.url, services[-1].url, runtime)
         assert checked["events_logged"] == len(events)
         figures.update(
-            events_logged_then_crashed=len(pending), retried_as_duplicates=retry["duplicates"],
-            events_lost=0, max_abs_state_diff=checked["max_abs_diff"], max_scaled_state_diff=checked["max_scaled_diff"],
-        )  # fmt: skip
+            events_logged_then_crashed=len(pending),
+            retried_as_duplicates=retry["duplicates"],
+            events_lost=0,
+            max_abs_state_diff=checked["max_abs_diff"],
+            max_scaled_state_diff=checked["max_scaled_diff"],
+        )
     finally:
         store.close()
         for svc in services:

@@ -42,31 +42,70 @@ KEY = "fuzz-key"
 
 def served_requests(url: str) -> int:
     text = httpx.get(f"{url}/metrics", timeout=10.0).text
-    return int(sum(float(v) for v in re.findall(r'^dygserve_http_requests_total\{[^}]*\} (\S+)$', text, re.M)))
+    return int(
+        sum(
+            float(v)
+            for v in re.findall(r"^dygserve_http_requests_total\{[^}]*\} (\S+)$", text, re.M)
+        )
+    )
 
 
 def test_schemathesis_against_openapi(redis_aof, tmp_path, figures):
     # reloads are fuzzed too: only from under checkpoints/ (a fuzzed "default" reloads the same version)
-    svc = serve(tmp_path / "svc", {"DYGSERVE_REDIS_URL": redis_aof.url, "DYGSERVE_API_KEY": KEY,
-                                   "DYGSERVE_MODELS_DIR": str(Path(__file__).resolve().parents[2] / "checkpoints")})  # fmt: skip
+    svc = serve(
+        tmp_path / "svc",
+        {
+            "DYGSERVE_REDIS_URL": redis_aof.url,
+            "DYGSERVE_API_KEY": KEY,
+            "DYGSERVE_MODELS_DIR": str(Path(__file__).resolve().parents[2] / "checkpoints"),
+        },
+    )
     try:
         before = served_requests(svc.url)
         report = tmp_path / "report.json"
-        cmd = [sys.executable, "-m", "schemathesis.cli", "run", f"{svc.url}/openapi.json",
-               "--checks", "not_a_server_error,response_schema_conformance", "--max-examples", "200",
-               "--seed", "20261121", "--workers", "2", "--header", f"X-API-Key: {KEY}", "--request-timeout", "30",
-               "--report", "json", "--report-json-path", str(report), "--no-color"]  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)  # its cache goes there
+        cmd = [
+            sys.executable,
+            "-m",
+            "schemathesis.cli",
+            "run",
+            f"{svc.url}/openapi.json",
+            "--checks",
+            "not_a_server_error,response_schema_conformance",
+            "--max-examples",
+            "200",
+            "--seed",
+            "20261121",
+            "--workers",
+            "2",
+            "--header",
+            f"X-API-Key: {KEY}",
+            "--request-timeout",
+            "30",
+            "--report",
+            "json",
+            "--report-json-path",
+            str(report),
+            "--no-color",
+        ]
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path
+        )  # its cache goes there
         out = done.stdout[-6000:] + done.stderr[-2000:]
         data = json.loads(report.read_text())
         generated = data["test_cases"]["generated"]
         served = served_requests(svc.url) - before
         assert done.returncode == 0 and not data["failures"] and not data["errors"], out
         assert generated >= MIN_REQUESTS, (generated, out)
-        assert served >= 0.8 * MIN_REQUESTS, served  # /healthz, /readyz and /metrics are not counted there
+        assert served >= 0.8 * MIN_REQUESTS, (
+            served
+        )  # /healthz, /readyz and /metrics are not counted there
         assert svc.proc.poll() is None and httpx.get(f"{svc.url}/readyz").status_code == 200
-        figures.update(requests_generated=generated, requests_counted_by_service=served,
-                       operations=data["operations"]["tested"], failures=len(data["failures"]))  # fmt: skip
+        figures.update(
+            requests_generated=generated,
+            requests_counted_by_service=served,
+            operations=data["operations"]["tested"],
+            failures=len(data["failures"]),
+        )
     finally:
         svc.stop()
 
@@ -78,7 +117,9 @@ ANY_CHAR = st.characters(codec=None)  # every code point, surrogates included
 
 ids = st.one_of(
     st.text(max_size=20),
-    st.text(alphabet=st.sampled_from(["a", "\u00e9", "\u20ac", "\U0001F600"]), min_size=60, max_size=270),
+    st.text(
+        alphabet=st.sampled_from(["a", "\u00e9", "\u20ac", "\U0001f600"]), min_size=60, max_size=270
+    ),
     st.text(alphabet=ANY_CHAR, max_size=8),
     st.text(alphabet=SURROGATES, min_size=1, max_size=2),
     st.integers(),
@@ -92,14 +133,20 @@ numbers = st.one_of(
     st.floats(min_value=-2 * MAX_ABS_TIME, max_value=2 * MAX_ABS_TIME),
     st.integers(),
     st.integers(min_value=-(10**400), max_value=10**400),
-    st.sampled_from([MAX_ABS_TIME, -MAX_ABS_TIME, math.nextafter(MAX_ABS_TIME, math.inf), MAX_FEATURE, 3.5e38]),
+    st.sampled_from(
+        [MAX_ABS_TIME, -MAX_ABS_TIME, math.nextafter(MAX_ABS_TIME, math.inf), MAX_FEATURE, 3.5e38]
+    ),
     st.booleans(),
     st.text(max_size=5),
     st.none(),
 )
 event = st.fixed_dictionaries(
     {"src": ids, "dst": ids, "t": numbers},
-    optional={"features": st.one_of(st.none(), st.lists(numbers, max_size=3)), "event_id": ids, "extra": st.integers()},
+    optional={
+        "features": st.one_of(st.none(), st.lists(numbers, max_size=3)),
+        "event_id": ids,
+        "extra": st.integers(),
+    },
 )
 payload = st.one_of(
     st.fixed_dictionaries({"events": st.lists(event, max_size=4)}),
@@ -113,7 +160,11 @@ def _id_ok(x: object) -> bool:
     return isinstance(x, str) and 1 <= len(x.encode("utf-8")) <= MAX_ID_BYTES
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=600,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(payload)
 def test_whatever_the_validator_accepts_is_sane(body):
     wire = json.loads(json.dumps(body))  # as FastAPI reads a body (NaN/Infinity literals included)
@@ -146,14 +197,16 @@ def test_whatever_the_validator_accepts_is_sane(body):
 )
 def test_non_finite_or_out_of_range_times_are_refused(t):
     with pytest.raises(ValidationError):
-        EventsRequest.model_validate(json.loads(json.dumps({"events": [{"src": "a", "dst": "b", "t": t}]})))
+        EventsRequest.model_validate(
+            json.loads(json.dumps({"events": [{"src": "a", "dst": "b", "t": t}]}))
+        )
 
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.text(alphabet=st.sampled_from(["a", "\u00e9", "\u20ac", "\U0001F600"]), min_size=65, max_size=300).filter(
-        lambda s: len(s.encode("utf-8")) > MAX_ID_BYTES
-    ),
+    st.text(
+        alphabet=st.sampled_from(["a", "\u00e9", "\u20ac", "\U0001f600"]), min_size=65, max_size=300
+    ).filter(lambda s: len(s.encode("utf-8")) > MAX_ID_BYTES),
     st.sampled_from(["src", "dst", "event_id"]),
 )
 def test_ids_over_256_bytes_are_refused(long_id, field):
@@ -163,10 +216,16 @@ def test_ids_over_256_bytes_are_refused(long_id, field):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.floats(allow_nan=False).filter(lambda x: abs(x) > MAX_FEATURE), min_size=1, max_size=1))
+@given(
+    st.lists(
+        st.floats(allow_nan=False).filter(lambda x: abs(x) > MAX_FEATURE), min_size=1, max_size=1
+    )
+)
 def test_features_beyond_float32_are_refused(feats):
     with pytest.raises(ValidationError):
-        EventsRequest.model_validate({"events": [{"src": "a", "dst": "b", "t": 1.0, "features": feats}]})
+        EventsRequest.model_validate(
+            {"events": [{"src": "a", "dst": "b", "t": 1.0, "features": feats}]}
+        )
 
 
 valid_id = st.one_of(
@@ -176,15 +235,36 @@ valid_id = st.one_of(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.fixed_dictionaries({
-    "src": valid_id, "dst": valid_id,
-    "t": st.one_of(st.floats(min_value=-MAX_ABS_TIME, max_value=MAX_ABS_TIME), st.integers(-(10**15), 10**15)),
-}, optional={"event_id": st.text(min_size=1, max_size=64), "features": st.lists(st.floats(-1e30, 1e30), max_size=3)}),
-    max_size=5))  # fmt: skip
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "src": valid_id,
+                "dst": valid_id,
+                "t": st.one_of(
+                    st.floats(min_value=-MAX_ABS_TIME, max_value=MAX_ABS_TIME),
+                    st.integers(-(10**15), 10**15),
+                ),
+            },
+            optional={
+                "event_id": st.text(min_size=1, max_size=64),
+                "features": st.lists(st.floats(-1e30, 1e30), max_size=3),
+            },
+        ),
+        max_size=5,
+    )
+)
 def test_sane_events_are_accepted_unchanged(events):
-    assume(all(not (isinstance(e["t"], float) and e["t"] == 0.0 and math.copysign(1, e["t"]) < 0) for e in events))
+    assume(
+        all(
+            not (isinstance(e["t"], float) and e["t"] == 0.0 and math.copysign(1, e["t"]) < 0)
+            for e in events
+        )
+    )
     req = EventsRequest.model_validate(json.loads(json.dumps({"events": events})))
     for got, want in zip(req.events, events, strict=True):
         assert got.src == str(want["src"]) and got.dst == str(want["dst"])
         assert got.t == float(want["t"]) and got.event_id == want.get("event_id")
-        assert got.features == ([float(x) for x in want["features"]] if "features" in want else None)
+        assert got.features == (
+            [float(x) for x in want["features"]] if "features" in want else None
+        )

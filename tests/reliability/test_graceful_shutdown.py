@@ -33,7 +33,9 @@ def test_sigterm_during_in_flight_ingests(data_dir, redis_aof, runtime, tmp_path
     driver = Driver(batches_of(events, BATCH), services[0].url, n_clients=CLIENTS).start()
     store = redis_store(redis_aof.url)
     try:
-        wait_until(lambda: driver.acked >= 8 and driver.in_flight >= 3, 120, 0.01, "requests in flight")
+        wait_until(
+            lambda: driver.acked >= 8 and driver.in_flight >= 3, 120, 0.01, "requests in flight"
+        )
         in_flight = driver.in_flight
         t_term = time.monotonic()
         services[0].proc.send_signal(signal.SIGTERM)  # senders keep sending during the shutdown
@@ -53,7 +55,9 @@ def test_sigterm_during_in_flight_ingests(data_dir, redis_aof, runtime, tmp_path
             assert accepted <= log_ids
         for b in failed:
             touched = {e["event_id"] for e in b.events} & log_ids
-            assert not touched, f"batch {b.index} failed but {len(touched)} of its events were logged"
+            assert not touched, (
+                f"batch {b.index} failed but {len(touched)} of its events were logged"
+            )
         assert completed_during_shutdown or failed, "SIGTERM hit no request"
 
         services.append(serve(tmp_path / "second", env))

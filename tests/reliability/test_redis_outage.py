@@ -33,7 +33,9 @@ def status(url: str, path: str, **params) -> tuple[int, httpx.Headers]:
     return r.status_code, r.headers
 
 
-def test_redis_down_answers_503_then_recovers_without_a_restart(data_dir, redis_aof, runtime, tmp_path, figures):
+def test_redis_down_answers_503_then_recovers_without_a_restart(
+    data_dir, redis_aof, runtime, tmp_path, figures
+):
     events = uci_events(data_dir, N_EVENTS)
     svc = serve(tmp_path / "svc", {"DYGSERVE_REDIS_URL": redis_aof.url})
     pid = svc.proc.pid
@@ -73,7 +75,9 @@ def test_redis_down_answers_503_then_recovers_without_a_restart(data_dir, redis_
             driver.outcome_summary(),
             events_acknowledged_before_outage=acked_before,
             answers_503=driver.statuses["503"],
-            answers_5xx_other=sum(v for k, v in driver.statuses.items() if k.startswith("5") and k != "503"),
+            answers_5xx_other=sum(
+                v for k, v in driver.statuses.items() if k.startswith("5") and k != "503"
+            ),
             slowest_answer_s=round(driver.slowest_answer_s, 2),
             unready_after_s=round(unready_after_s, 2),
             ready_after_redis_back_s=round(ready_after_s, 2),

@@ -12,7 +12,10 @@ from tests.support.service_process import start_service
 
 def make_checkpoint(path, seed: int = 0, edge_feature_dim: int = 2) -> str:
     torch.manual_seed(seed)
-    return save_checkpoint(path, DygMambaLinkModel(ModelConfig(edge_feature_dim=edge_feature_dim, d_model=16, d_state=8)))
+    return save_checkpoint(
+        path,
+        DygMambaLinkModel(ModelConfig(edge_feature_dim=edge_feature_dim, d_model=16, d_state=8)),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +40,13 @@ def service(models_dir, tmp_path_factory):
     """The real service on the embedded store, with an API key."""
     svc = start_service(
         tmp_path_factory.mktemp("svc"),
-        {"DYGSERVE_CHECKPOINT": str(models_dir / "a"), "DYGSERVE_API_KEY": "s3cret", "DYGSERVE_MAX_BATCH_EVENTS": "100",
-         "DYGSERVE_MAX_BODY_BYTES": "65536"},
-    )  # fmt: skip
+        {
+            "DYGSERVE_CHECKPOINT": str(models_dir / "a"),
+            "DYGSERVE_API_KEY": "s3cret",
+            "DYGSERVE_MAX_BATCH_EVENTS": "100",
+            "DYGSERVE_MAX_BODY_BYTES": "65536",
+        },
+    )
     yield svc
     svc.stop()
 

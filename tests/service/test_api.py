@@ -10,11 +10,17 @@ import torch
 
 
 def events(*rows, **extra):
-    return {"events": [dict({"src": s, "dst": d, "t": t, "features": [0.5, -1.0]}, **extra) for s, d, t in rows]}
+    return {
+        "events": [
+            dict({"src": s, "dst": d, "t": t, "features": [0.5, -1.0]}, **extra) for s, d, t in rows
+        ]
+    }
 
 
 def test_ingest_score_rank_and_summary(client):
-    r = client.post("/v1/events", json=events(("u1", "v1", 10.0), (7, "u1", 11.0), ("u1", "v2", 12.0)))
+    r = client.post(
+        "/v1/events", json=events(("u1", "v1", 10.0), (7, "u1", 11.0), ("u1", "v2", 12.0))
+    )
     assert r.status_code == 200, r.text
     assert r.json() == {"accepted": 3, "duplicates": 0, "rejected": [], "applied": True}
 
@@ -28,14 +34,21 @@ def test_ingest_score_rank_and_summary(client):
     assert one["src_state_age"] == 1.0 and one["dst_state_age"] == 3.0
     assert not one["src_inductive"] and not one["clamped"]
 
-    batch = client.post("/v1/score", json={"pairs": [{"src": "u1", "dst": "v1", "t": 13.0}, {"src": "new", "dst": "v1", "t": 13.0}]}).json()
+    batch = client.post(
+        "/v1/score",
+        json={
+            "pairs": [{"src": "u1", "dst": "v1", "t": 13.0}, {"src": "new", "dst": "v1", "t": 13.0}]
+        },
+    ).json()
     assert abs(batch["scores"][0]["logit"] - one["logit"]) < 1e-5
     assert batch["model_version"] == one["model_version"]
 
     unknown = client.get("/v1/score", params={"src": "never-seen", "dst": "v1", "t": 13.0}).json()
     assert unknown["src_inductive"] and unknown["src_state_age"] is None
 
-    ranked = client.post("/v1/rank", json={"src": "u1", "t": 13.0, "candidates": ["v1", "v2", "7", "zz"]}).json()
+    ranked = client.post(
+        "/v1/rank", json={"src": "u1", "t": 13.0, "candidates": ["v1", "v2", "7", "zz"]}
+    ).json()
     logits = [x["logit"] for x in ranked["ranking"]]
     assert logits == sorted(logits, reverse=True) and len(logits) == 4
 
@@ -82,26 +95,46 @@ def test_omitted_time_means_latest_event_time(client):
 def test_model_health_and_metrics(service, client):
     info = client.get("/v1/model").json()
     assert len(info["model_version"]) == 16 and info["config"]["edge_feature_dim"] == 2
-    assert info["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # DYGSERVE_DEVICE=auto
+    assert info["device"] == (
+        "cuda" if torch.cuda.is_available() else "cpu"
+    )  # DYGSERVE_DEVICE=auto
     assert client.get("/healthz").status_code == 200
     assert client.get("/readyz").json()["ready"] is True
     text = client.get("/metrics").text
-    for name in ("dygserve_events_ingested_total", "dygserve_ingest_latency_seconds_bucket", "dygserve_model_info",
-                 "dygserve_store_latency_seconds_count", "dygserve_in_flight_requests", "dygserve_http_requests_total"):
+    for name in (
+        "dygserve_events_ingested_total",
+        "dygserve_ingest_latency_seconds_bucket",
+        "dygserve_model_info",
+        "dygserve_store_latency_seconds_count",
+        "dygserve_in_flight_requests",
+        "dygserve_http_requests_total",
+    ):
         assert name in text, name
     assert f'dygserve_model_info{{version="{info["model_version"]}"}} 1.0' in text
 
 
 def test_openapi_documents_the_contract(client):
     spec = client.get("/openapi.json").json()
-    for path in ("/v1/events", "/v1/score", "/v1/rank", "/v1/nodes/{node}", "/v1/model", "/v1/admin/reload"):
+    for path in (
+        "/v1/events",
+        "/v1/score",
+        "/v1/rank",
+        "/v1/nodes/{node}",
+        "/v1/model",
+        "/v1/admin/reload",
+    ):
         assert path in spec["paths"], path
 
 
 def test_auth_on_write_and_admin_routes(service):
     with httpx.Client(base_url=service.url) as anon:
         assert anon.post("/v1/events", json=events(("a", "b", 1.0))).status_code == 401
-        assert anon.post("/v1/events", json=events(("a", "b", 1.0)), headers={"X-API-Key": "wrong"}).status_code == 403
+        assert (
+            anon.post(
+                "/v1/events", json=events(("a", "b", 1.0)), headers={"X-API-Key": "wrong"}
+            ).status_code
+            == 403
+        )
         assert anon.post("/v1/admin/reload", json={"checkpoint": "b"}).status_code == 401
         assert anon.get("/v1/nodes/a").json()["history_length"] == 0  # nothing written
         # reads need no key
@@ -116,7 +149,9 @@ def test_hot_reload(service, client, models_dir):
     bad.mkdir(exist_ok=True)
     for f in ("config.json", "checksums.json"):
         (bad / f).write_bytes((models_dir / "b" / f).read_bytes())
-    (bad / "weights.safetensors").write_bytes((models_dir / "b" / "weights.safetensors").read_bytes()[:-10])
+    (bad / "weights.safetensors").write_bytes(
+        (models_dir / "b" / "weights.safetensors").read_bytes()[:-10]
+    )
     r = client.post("/v1/admin/reload", json={"checkpoint": "tampered"})
     assert r.status_code == 422 and "still serving" in r.json()["detail"]
     assert client.get("/v1/model").json()["model_version"] == before
@@ -132,7 +167,9 @@ def test_hot_reload(service, client, models_dir):
     assert new_score["model_version"] == after and not new_score["src_inductive"]
     assert new_score["logit"] != old_score["logit"]
     assert client.get("/v1/nodes/h1").json()["events_applied"] == 2
-    assert client.post("/v1/admin/reload", json={"checkpoint": "a"}).json()["model_version"] == before
+    assert (
+        client.post("/v1/admin/reload", json={"checkpoint": "a"}).json()["model_version"] == before
+    )
 
 
 def _counter(client, name: str) -> float:
@@ -145,7 +182,11 @@ def test_wait_false_logs_now_and_applies_soon(client):
     import time
 
     applied_before = _counter(client, "dygserve_events_applied_total")
-    r = client.post("/v1/events", params={"wait": "false"}, json=events(("nw1", "nw2", 1.0), ("nw1", "nw3", 2.0)))
+    r = client.post(
+        "/v1/events",
+        params={"wait": "false"},
+        json=events(("nw1", "nw2", 1.0), ("nw1", "nw3", 2.0)),
+    )
     assert r.status_code == 200
     body = r.json()
     assert body["accepted"] == 2 and body["applied"] is False
@@ -153,14 +194,22 @@ def test_wait_false_logs_now_and_applies_soon(client):
     while time.monotonic() < deadline and client.get("/v1/nodes/nw1").json()["events_applied"] < 2:
         time.sleep(0.05)
     assert client.get("/v1/nodes/nw1").json()["events_applied"] == 2
-    while time.monotonic() < deadline and _counter(client, "dygserve_events_applied_total") < applied_before + 2:
+    while (
+        time.monotonic() < deadline
+        and _counter(client, "dygserve_events_applied_total") < applied_before + 2
+    ):
         time.sleep(0.05)  # the counter moves once the apply has returned
     assert _counter(client, "dygserve_events_applied_total") == applied_before + 2
 
 
 def test_applied_counter_follows_the_ingested_one_with_wait(client):
-    ingested, applied = _counter(client, "dygserve_events_ingested_total"), _counter(client, "dygserve_events_applied_total")
-    body = client.post("/v1/events", json=events(("ap1", "ap2", 1.0), ("ap2", "ap3", 2.0), ("ap1", "ap2", 0.5))).json()
+    ingested, applied = (
+        _counter(client, "dygserve_events_ingested_total"),
+        _counter(client, "dygserve_events_applied_total"),
+    )
+    body = client.post(
+        "/v1/events", json=events(("ap1", "ap2", 1.0), ("ap2", "ap3", 2.0), ("ap1", "ap2", 0.5))
+    ).json()
     assert body["accepted"] == 2 and len(body["rejected"]) == 1  # the late one is neither
     assert _counter(client, "dygserve_events_ingested_total") == ingested + 2
     assert _counter(client, "dygserve_events_applied_total") == applied + 2

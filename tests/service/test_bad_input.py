@@ -25,7 +25,10 @@ CASES = {
     "unknown field": (json.dumps({"events": [dict(GOOD, extra=1)]}), 422),
     "unknown top field": (json.dumps({"events": [GOOD], "x": 1}), 422),
     "wrong feature length": (json.dumps({"events": [dict(GOOD, features=[1.0])]}), 422),
-    "nan feature": (b'{"events": [{"src": "b1", "dst": "b2", "t": 1.0, "features": [NaN, 1.0]}]}', 422),
+    "nan feature": (
+        b'{"events": [{"src": "b1", "dst": "b2", "t": 1.0, "features": [NaN, 1.0]}]}',
+        422,
+    ),
     "id over 256 bytes": (json.dumps({"events": [dict(GOOD, src="x" * 257)]}), 422),
     "id of 1 MB": (json.dumps({"events": [dict(GOOD, src="x" * 1_000_000)]}), 413),
     "body over limit": (json.dumps({"events": [GOOD] * 2000}), 413),

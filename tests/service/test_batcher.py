@@ -39,7 +39,13 @@ def engine() -> CountingEngine:
 
 def _requests(engine: Engine, n: int) -> list[list[tuple[str, str, float | None]]]:
     ids = sorted({e.src for e in uci_events(2000)})
-    return [[(ids[(7 * k + j) % len(ids)], ids[(11 * k + 3 * j) % len(ids)], 5e6 + k) for j in range(1 + k % 5)] for k in range(n)]
+    return [
+        [
+            (ids[(7 * k + j) % len(ids)], ids[(11 * k + 3 * j) % len(ids)], 5e6 + k)
+            for j in range(1 + k % 5)
+        ]
+        for k in range(n)
+    ]
 
 
 def test_concurrent_requests_share_calls_and_get_their_own_scores(engine: CountingEngine) -> None:
@@ -74,7 +80,11 @@ def test_a_failed_call_fails_every_request_in_it() -> None:
     batcher = ScoreBatcher(lambda: engine)
 
     async def two():
-        return await asyncio.gather(batcher.score([("a", "b", 1.0)]), batcher.score([("c", "d", 1.0)]), return_exceptions=True)
+        return await asyncio.gather(
+            batcher.score([("a", "b", 1.0)]),
+            batcher.score([("c", "d", 1.0)]),
+            return_exceptions=True,
+        )
 
     results = asyncio.run(two())
     assert all(isinstance(r, StoreUnavailable) for r in results), results
@@ -82,7 +92,9 @@ def test_a_failed_call_fails_every_request_in_it() -> None:
 
 @pytest.fixture(scope="module")
 def redis_engine(redis_server) -> CountingEngine:
-    eng = CountingEngine(ModelRuntime(load_checkpoint(DEFAULT_CHECKPOINT)), make_store(redis_server.url))
+    eng = CountingEngine(
+        ModelRuntime(load_checkpoint(DEFAULT_CHECKPOINT)), make_store(redis_server.url)
+    )
     eng.calls = []
     events = [{"src": e.src, "dst": e.dst, "t": e.t} for e in uci_events(2000)]
     for lo in range(0, len(events), 500):
@@ -138,7 +150,9 @@ def test_numpy_and_torch_kernels_give_the_engine_the_same_scores(engine: Countin
     """Calls up to ``numpy_max_pairs`` read out in numpy, bigger ones in torch: the same
     pairs through either kernel (and with repeated nodes, unknown nodes and mixed times)
     get the same answers."""
-    pairs = [p for r in _requests(engine, 30) for p in r] + [("never-seen-node", "also-unknown", 5e6)]
+    pairs = [p for r in _requests(engine, 30) for p in r] + [
+        ("never-seen-node", "also-unknown", 5e6)
+    ]
     assert len(pairs) > 20
     by_numpy, _ = engine.score_pairs(pairs)
     engine.numpy_max_pairs = 0
@@ -151,7 +165,13 @@ def test_numpy_and_torch_kernels_give_the_engine_the_same_scores(engine: Countin
     assert engine.runtime.numpy_scorer is not None
     for a, b, c in zip(by_numpy, by_torch, over_limit, strict=True):
         assert (a.src, a.dst, a.t, a.src_age, a.dst_age, a.src_inductive, a.dst_inductive) == (
-            b.src, b.dst, b.t, b.src_age, b.dst_age, b.src_inductive, b.dst_inductive
-        )  # fmt: skip
+            b.src,
+            b.dst,
+            b.t,
+            b.src_age,
+            b.dst_age,
+            b.src_inductive,
+            b.dst_inductive,
+        )
         assert abs(a.logit - b.logit) < 2e-5 and b.logit == c.logit
     assert len({round(p.logit, 4) for p in by_numpy}) > 10  # real, varied scores

@@ -15,7 +15,9 @@ from service.settings import DEFAULT_CHECKPOINT
 def test_bench_pipeline_reports_medians_and_cleans_up(redis_server, data_dir) -> None:
     client = redis.Redis.from_url(redis_server.url)
     client.set("someone-elses-key", b"kept")
-    text = bench_pipeline(DEFAULT_CHECKPOINT, data_dir / "uci" / "edges.csv.gz", redis_server.url, 1500, 8)
+    text = bench_pipeline(
+        DEFAULT_CHECKPOINT, data_dir / "uci" / "edges.csv.gz", redis_server.url, 1500, 8
+    )
 
     def figure(label: str) -> float:
         match = re.search(rf"\| {re.escape(label)}[^|]*\| ([\d,.]+)", text)
@@ -23,8 +25,12 @@ def test_bench_pipeline_reports_medians_and_cleans_up(redis_server, data_dir) ->
         return float(match.group(1).replace(",", ""))
 
     assert f"median of {INGEST_REPS} runs" in text and f"median of {SCORING_REPS} runs" in text
-    for label in ("ingest, batches of 1,000 events", "batch scoring from cached states",
-                  "recompute variant", "cached / recompute"):  # fmt: skip
+    for label in (
+        "ingest, batches of 1,000 events",
+        "batch scoring from cached states",
+        "recompute variant",
+        "cached / recompute",
+    ):
         assert figure(label) > 0
     assert len(re.findall(r"runs [\d,]+ to [\d,]+", text)) == 2
     # Only the bench's own keys are gone: the repetitions wrote under prefixes of their own.

@@ -12,13 +12,26 @@ from tests.support.service_process import start_service
 def ingest(client, stream, lo, hi, batch=500):
     for a in range(lo, hi, batch):
         rows = range(a, min(hi, a + batch))
-        body = {"events": [{"src": stream.src[i], "dst": stream.dst[i], "t": float(stream.t[i]), "features": [0.1, 0.2], "event_id": str(i)} for i in rows]}
+        body = {
+            "events": [
+                {
+                    "src": stream.src[i],
+                    "dst": stream.dst[i],
+                    "t": float(stream.t[i]),
+                    "features": [0.1, 0.2],
+                    "event_id": str(i),
+                }
+                for i in rows
+            ]
+        }
         r = client.post("/v1/events", json=body)
         assert r.status_code == 200 and not r.json()["rejected"], r.text
 
 
 def scores(client, pairs):
-    r = client.post("/v1/score", json={"pairs": [{"src": s, "dst": d, "t": t} for s, d, t in pairs]})
+    r = client.post(
+        "/v1/score", json={"pairs": [{"src": s, "dst": d, "t": t} for s, d, t in pairs]}
+    )
     assert r.status_code == 200
     return [x["logit"] for x in r.json()["scores"]]
 
@@ -26,7 +39,10 @@ def scores(client, pairs):
 @pytest.fixture()
 def redis_service(redis_server, models_dir, tmp_path):
     redis_server.flush()
-    svc = start_service(tmp_path, {"DYGSERVE_CHECKPOINT": str(models_dir / "a"), "DYGSERVE_REDIS_URL": redis_server.url})
+    svc = start_service(
+        tmp_path,
+        {"DYGSERVE_CHECKPOINT": str(models_dir / "a"), "DYGSERVE_REDIS_URL": redis_server.url},
+    )
     yield svc
     svc.stop()
 

@@ -24,14 +24,21 @@ def test_auto_takes_cuda_only_when_torch_sees_it():
 
 
 def _ingest_and_score(device: str) -> tuple[dict[str, bytes], list[float]]:
-    engine = Engine(ModelRuntime(load_checkpoint(DEFAULT_CHECKPOINT), device=device), make_store(None))
-    events = [{"src": e.src, "dst": e.dst, "t": e.t, "features": list(e.features)} for e in uci_events(600)]
+    engine = Engine(
+        ModelRuntime(load_checkpoint(DEFAULT_CHECKPOINT), device=device), make_store(None)
+    )
+    events = [
+        {"src": e.src, "dst": e.dst, "t": e.t, "features": list(e.features)}
+        for e in uci_events(600)
+    ]
     for lo in range(0, 600, 200):
         engine.ingest(events[lo : lo + 200])
     nodes = sorted({e["src"] for e in events} | {e["dst"] for e in events})
     blobs = dict(zip(nodes, engine.store.read_states(engine.runtime.version, nodes), strict=True))
     t = events[-1]["t"] + 10.0
-    scored, _ = engine.score_pairs([(a, b, t) for a, b in zip(nodes[:50], nodes[50:100], strict=True)])
+    scored, _ = engine.score_pairs(
+        [(a, b, t) for a, b in zip(nodes[:50], nodes[50:100], strict=True)]
+    )
     return blobs, [p.logit for p in scored]
 
 
@@ -40,7 +47,9 @@ def test_cpu_device_serves():
     assert all(b is not None for b in blobs.values()) and all(abs(x) < 1e3 for x in logits)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this machine (CPU torch build); runs on a GPU machine")
+@pytest.mark.skipif(
+    not HAS_CUDA, reason="no CUDA device on this machine (CPU torch build); runs on a GPU machine"
+)
 def test_cuda_matches_cpu():
     cpu_blobs, cpu_logits = _ingest_and_score("cpu")
     gpu_blobs, gpu_logits = _ingest_and_score("cuda")

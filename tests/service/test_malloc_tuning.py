@@ -10,7 +10,9 @@ import torch
 from service.malloc_tuning import keep_freed_memory
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+@pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's"
+)
 def test_glibc_takes_the_thresholds_and_torch_still_works():
     assert keep_freed_memory() is True
     assert keep_freed_memory() is True  # idempotent

@@ -32,7 +32,15 @@ def test_ingest_and_score_round_trips_do_not_grow(redis_server, models_dir, data
     engine = Engine(ModelRuntime.load(models_dir / "a"), store)
 
     def batch(lo, hi):
-        return [{"src": stream.src[i], "dst": stream.dst[i], "t": float(stream.t[i]), "features": [0.0, 0.0]} for i in range(lo, hi)]
+        return [
+            {
+                "src": stream.src[i],
+                "dst": stream.dst[i],
+                "t": float(stream.t[i]),
+                "features": [0.0, 0.0],
+            }
+            for i in range(lo, hi)
+        ]
 
     engine.ingest(batch(0, 5))  # warm-up: connection handshake and script loading
     engine.score_pairs([(stream.src[0], stream.dst[0], 1.0)])

@@ -19,7 +19,14 @@ def test_service_scores_equal_the_evaluator_with_self_loops(models_dir):
     src = rng.integers(0, 12, n).astype(str).astype(object)
     dst = rng.integers(0, 12, n).astype(str).astype(object)
     dst[::7] = src[::7]  # plenty of self-loops
-    stream = EdgeStream(src, dst, np.sort(rng.random(n) * 100.0), rng.standard_normal((n, 2)).astype(np.float32), None, ("a", "b"))
+    stream = EdgeStream(
+        src,
+        dst,
+        np.sort(rng.random(n) * 100.0),
+        rng.standard_normal((n, 2)).astype(np.float32),
+        None,
+        ("a", "b"),
+    )
     assert (stream.src == stream.dst).sum() > 30
 
     ck = load_checkpoint(models_dir / "a")
@@ -31,8 +38,17 @@ def test_service_scores_equal_the_evaluator_with_self_loops(models_dir):
     for lo in range(0, n, 50):
         rows = np.arange(lo, lo + 50)
         offline.ingest(rows)
-        engine.ingest([{"src": stream.src[i], "dst": stream.dst[i], "t": float(stream.t[i]),
-                        "features": stream.features[i].tolist()} for i in rows])  # fmt: skip
+        engine.ingest(
+            [
+                {
+                    "src": stream.src[i],
+                    "dst": stream.dst[i],
+                    "t": float(stream.t[i]),
+                    "features": stream.features[i].tolist(),
+                }
+                for i in rows
+            ]
+        )
         t = float(stream.t[rows[-1]]) + 0.5
         qs = np.array([ids.index(a) for a, _ in pairs])
         qd = np.array([ids.index(b) for _, b in pairs])

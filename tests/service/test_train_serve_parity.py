@@ -20,9 +20,25 @@ def test_replay_over_http_equals_offline_evaluator(redis_server, data_dir, tmp_p
     data = data_dir / "uci" / "edges.csv.gz"
     scores_file = tmp_path / "offline.csv"
     rc = evaluate.main(
-        ["--checkpoint", str(DEFAULT_CHECKPOINT), "--data", str(data), "--splits", "test", "--strategies", "random",
-         "--settings", "transductive", "--mrr-k", "0", "--write-scores", str(scores_file), "--out", str(tmp_path / "eval")]
-    )  # fmt: skip
+        [
+            "--checkpoint",
+            str(DEFAULT_CHECKPOINT),
+            "--data",
+            str(data),
+            "--splits",
+            "test",
+            "--strategies",
+            "random",
+            "--settings",
+            "transductive",
+            "--mrr-k",
+            "0",
+            "--write-scores",
+            str(scores_file),
+            "--out",
+            str(tmp_path / "eval"),
+        ]
+    )
     assert rc == 0
     with open(scores_file, newline="") as fh:
         offline = np.array([float(r["logit"]) for r in csv.DictReader(fh)])
@@ -40,6 +56,11 @@ def test_replay_over_http_equals_offline_evaluator(redis_server, data_dir, tmp_p
 
     assert np.isfinite(served).all()
     diff = np.abs(served - offline)
-    assert diff.max() <= 1e-4, f"max |served - offline| = {diff.max():.2e} at query {int(diff.argmax())}"
+    assert diff.max() <= 1e-4, (
+        f"max |served - offline| = {diff.max():.2e} at query {int(diff.argmax())}"
+    )
     labels = np.array([q.label for q in queries])
-    assert abs(average_precision_score(labels, served) - average_precision_score(labels, offline)) < 1e-6
+    assert (
+        abs(average_precision_score(labels, served) - average_precision_score(labels, offline))
+        < 1e-6
+    )

@@ -64,8 +64,6 @@ def all_nodes(events: list[LoggedEvent] | list[NewEvent]) -> list[str]:
     return list(dict.fromkeys(n for e in events for n in (e.src, e.dst)))
 
 
-
-
 def sequential_replay(
     log: list[LoggedEvent], advance: ModelAdvance, batch: int = 100
 ) -> InMemoryStore:
@@ -231,9 +229,23 @@ def test_crash_after_log_then_redrive(
         applied_before = store.read_states(VERSION, all_nodes(events_3000[:100]))
         env = {**os.environ, FAULT_ENV: "after_log", "PYTHONPATH": str(REPO)}
         proc = subprocess.run(
-            [sys.executable, "-m", "tests.support.store_workers", "--url", url, "--rows", "100:300", "--batch", "200"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tests.support.store_workers",
+                "--url",
+                url,
+                "--rows",
+                "100:300",
+                "--batch",
+                "200",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == CRASH_EXIT_CODE, proc.stderr[-2000:]
         pending = store.pending(1000)
         assert len(pending) > 100 and pending[0].seq > 0

@@ -236,7 +236,10 @@ def test_a_hub_with_more_new_events_than_one_history_write_holds(make) -> None:
     hub, s3 = s.read_histories(["hub", "s3"])
     assert [e.seq for e in hub] == list(range(1, 1204))
     assert [e.t for e in s3] == [float(i) for i in range(3, 1203, 7)]
-    assert s.append_events([ev("s3", "hub", 1202.5, "next")]).previous_seq == {"s3": 1201, "hub": 1203}  # s3 last at i = 1200
+    assert s.append_events([ev("s3", "hub", 1202.5, "next")]).previous_seq == {
+        "s3": 1201,
+        "hub": 1203,
+    }  # s3 last at i = 1200
 
 
 def test_read_histories_after_and_limit(make) -> None:
@@ -332,7 +335,9 @@ def test_awaited_reads_equal_blocking_reads(make, backend) -> None:
 
     async def twice_on_one_loop_then_close():
         first = await s.read_states_async(V1, nodes)
-        s.write_states(V1, {"a": blob(5.0, 9, 0)}, {"a": read_watermark(blobs["a"])})  # a newer blob is seen at once
+        s.write_states(
+            V1, {"a": blob(5.0, 9, 0)}, {"a": read_watermark(blobs["a"])}
+        )  # a newer blob is seen at once
         second = await s.read_states_async(V1, ["a", "b"])
         empty = await s.read_states_async(V1, [])
         await s.aclose()
@@ -341,7 +346,9 @@ def test_awaited_reads_equal_blocking_reads(make, backend) -> None:
     first, second, empty = asyncio.run(twice_on_one_loop_then_close())
     assert first == [blobs["b"], None, blobs["a"]]
     assert second == [blob(5.0, 9, 0), blobs["b"]] and empty == []
-    assert asyncio.run(s.read_states_async(V1, ["b"])) == [blobs["b"]]  # a new loop gets its own client
+    assert asyncio.run(s.read_states_async(V1, ["b"])) == [
+        blobs["b"]
+    ]  # a new loop gets its own client
 
 
 def test_ping(make) -> None:

@@ -110,10 +110,22 @@ def start_redis(
         d = Path(workdir) / f"redis-{p}"
         d.mkdir(parents=True, exist_ok=True)
         args = [
-            REDIS_SERVER, "--port", str(p), "--bind", "127.0.0.1", "--save", "",
-            "--daemonize", "no", "--dir", str(d), "--logfile", str(d / "redis.log"),
-            "--protected-mode", "no",
-        ]  # fmt: skip
+            REDIS_SERVER,
+            "--port",
+            str(p),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--dir",
+            str(d),
+            "--logfile",
+            str(d / "redis.log"),
+            "--protected-mode",
+            "no",
+        ]
         if appendfsync:
             args += ["--appendonly", "yes", "--appendfsync", appendfsync]
         else:
@@ -174,7 +186,7 @@ def start_cluster(workdir: Path, masters: int = 3, timeout: float = 30.0) -> Red
                         "--cluster-node-timeout",
                         "2000",
                     ],
-                )  # fmt: skip
+                )
             )
         addrs = [f"127.0.0.1:{s.port}" for s in cluster.servers]
         subprocess.run(

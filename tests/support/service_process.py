@@ -54,8 +54,11 @@ def start_service(
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"],
-            cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=REPO,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     svc = ServiceProcess(proc, f"http://127.0.0.1:{port}", log_path)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
