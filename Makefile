@@ -26,7 +26,7 @@ run: $(STAMP)
 
 ## A small end-to-end model demo on UCI (train a tiny model, score, check step/scan parity).
 demo: $(STAMP)
-	$(BIN)/python -m model.demo --data $(DATA)/uci/edges.csv.gz
+	$(BIN)/python -m training.demo --data $(DATA)/uci/edges.csv.gz
 
 ## The whole test suite (CI runs exactly this).
 test: $(STAMP)
@@ -37,7 +37,7 @@ lint: $(STAMP)
 
 ## Train and evaluate on the five datasets and rewrite docs/RESULTS.md (long: hours on 2 cores).
 results: $(STAMP)
-	$(BIN)/python -m model.results --data $(DATA) --out runs/results --doc docs/RESULTS.md
+	$(BIN)/python -m training.results --data $(DATA) --out runs/results --doc docs/RESULTS.md
 
 ## Benchmarks: store, service load, cached vs recompute; rewrites docs/BENCHMARKS.md.
 bench: $(STAMP)

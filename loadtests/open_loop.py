@@ -61,7 +61,7 @@ def pairs_from_csv(
     path: str | Path, limit: int = 30_000, n: int = 1000, seed: int = 0
 ) -> list[tuple[str, str, float]]:
     """``n`` random (src, dst, t) among the nodes of the first ``limit`` rows, t = their last time."""
-    from model.data import read_edge_stream
+    from training.data import read_edge_stream
 
     stream = read_edge_stream(path, limit=limit)
     nodes = np.unique(np.concatenate([stream.src, stream.dst]))

@@ -57,7 +57,7 @@ from loadtests.report import (
     Recorder,
 )
 
-NON_FEATURE_COLUMNS = ("src", "dst", "ts", "label")  # as model/data.py: label is no feature
+NON_FEATURE_COLUMNS = ("src", "dst", "ts", "label")  # as training/data.py: label is no feature
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -110,7 +110,7 @@ def read_events(
     """Read ``src,dst,ts[,label][,extra...]`` rows (gzip or plain CSV) in file order.
 
     ``features``: ``auto`` = every column other than src/dst/ts/label (the convention of
-    ``model/data.py``: ``f0..f3`` for MOOC, ``rating``, ``day``); ``none``; or a comma list
+    ``training/data.py``: ``f0..f3`` for MOOC, ``rating``, ``day``); ``none``; or a comma list
     of column names. ``limit`` rows are read after skipping ``start_row``.
     """
     path = resolve_data_path(path)

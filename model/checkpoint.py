@@ -30,6 +30,9 @@ WEIGHTS_FILE = "weights.safetensors"
 CHECKSUMS_FILE = "checksums.json"
 METRICS_FILE = "metrics.json"
 CHECKPOINT_FORMAT = "dygserve-checkpoint/1"
+# The checkpoint shipped with the code (and copied into the image): what `serve`,
+# `backfill` and the benches load when no other is named.
+BUNDLED_CHECKPOINT = Path(__file__).resolve().parents[1] / "checkpoints" / "default"
 
 
 class CheckpointError(ValueError):

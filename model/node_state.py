@@ -1,23 +1,9 @@
 """Per-node recurrent state: a typed batch object and its binary blob format.
 
-One blob per node and model version (DESIGN "State of one node")::
+One blob per node and model version (DESIGN "State of one node"): the store's fixed
+64-byte header (``state_store.blob_header``: magic, format version, shapes, model
+version, the watermark t_last/last_seq, n_events), then::
 
-    offset size  field
-    0      4     magic b"DYGS"
-    4      2     STATE_FORMAT_VERSION (u16)
-    6      1     dtype code (1 = float32)
-    7      1     flags (bit 0: the node has applied at least one event)
-    8      2     n_layers (u16)
-    10     2     d_state (u16)
-    12     4     d_inner (u32)
-    16     2     d_conv (u16)
-    18     2     L: neighbour list length (u16)
-    20     8     model version (the 16 hex digits as 8 raw bytes)
-    28     4     reserved (aligns the watermark to 8 bytes)
-    32     8     t_last (f64): time of the last applied event   -- watermark
-    40     8     last_seq (i64): log sequence of that event      -- watermark
-    48     8     n_events (i64): number of applied events
-    56     8     reserved
     64     ...   h: n_layers x d_inner x d_state float32, then conv: n_layers x d_inner x (d_conv-1)
     ...    8 L   recent-neighbour keys (i64, oldest first, right-aligned, -1 = empty)
     ...    8 L   their event times (f64, +inf = empty)
@@ -26,14 +12,10 @@ L is the config's ``neighbour_list_len`` (also in header bytes 18..19). The neig
 list is kept next to the state (DESIGN "The state of one node"), written by the same
 compare-and-set as the state, so a query reads a node's state and its list with one
 MGET and the list is exactly as of the state's watermark. Format 1 had no list.
-
-All little-endian. The watermark sits at fixed offsets so that a Redis Lua script can
-compare it (``struct.unpack('<d', blob, 33)``) without knowing the array shapes.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,25 +23,24 @@ from typing import Any
 import numpy as np
 import torch
 
+from state_store.blob_header import (
+    DTYPE_FLOAT32,
+    FIXED_HEADER_END,
+    FLAG_HAS_EVENTS,
+    FLAGS_OFFSET,
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    N_EVENTS_OFFSET,
+    NO_SEQ,
+    NO_TIME,
+    WATERMARK_SEQ_OFFSET,
+    WATERMARK_T_OFFSET,
+)
+
 from .config import ModelConfig
 
 STATE_FORMAT_VERSION = 2
-MAGIC = b"DYGS"
-HEADER = struct.Struct("<4sHBBHHIHH8s4xdqq8x")
-HEADER_SIZE = HEADER.size
-WATERMARK_T_OFFSET = 32
-WATERMARK_SEQ_OFFSET = 40
-N_EVENTS_OFFSET = 48
-FLAGS_OFFSET = 7  # the only header byte before the watermark that differs between blobs
-FIXED_HEADER_END = 28  # magic .. model version: equal in every blob of one codec
-DTYPE_FLOAT32 = 1
-FLAG_HAS_EVENTS = 1
-# A node that has never applied an event has this watermark: any event is newer.
-NO_TIME = float("-inf")
-NO_SEQ = -1
-
-assert HEADER_SIZE == 64, HEADER_SIZE
-
 
 PAD_KEY = -1  # an empty neighbour slot (node keys are 63-bit, never negative)
 
@@ -348,10 +329,3 @@ class StateCodec:
         keys = raw[:, start : start + 8 * self.list_len].copy().view(np.int64)
         times = raw[:, start + 8 * self.list_len :].copy().view(np.float64)
         return states, NeighbourLists(torch.from_numpy(keys), torch.from_numpy(times))
-
-
-def read_watermark(blob: bytes) -> tuple[float, int]:
-    """(t_last, last_seq) of a blob without decoding its arrays."""
-    (t,) = struct.unpack_from("<d", blob, WATERMARK_T_OFFSET)
-    (s,) = struct.unpack_from("<q", blob, WATERMARK_SEQ_OFFSET)
-    return t, s

@@ -111,11 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 DELEGATED = {
-    "train": "model.train",
-    "evaluate": "model.evaluate",
-    "replay": "service.replay",
-    "bench": "service.bench",
-    "export-onnx": "model.onnx_export",
+    "train": "training.train",
+    "evaluate": "training.evaluate",
+    "replay": "loadtests.accuracy_replay",
+    "bench": "loadtests.bench",
+    "export-onnx": "model.onnx.cli",
+    "results": "training.results",
 }
 
 

@@ -75,7 +75,7 @@ class ModelRuntime:
         # advance of ingest and cold rebuilds, the read-out and head) runs on ``device``.
         self.device = torch.device("cpu")
         if backend == "onnx":
-            from model.onnx_backend import OnnxLinkModel
+            from model.onnx.runtime import OnnxLinkModel
 
             # Same surface as the torch model for model.streaming; refuses a stale export.
             self.model = OnnxLinkModel.from_loaded(checkpoint, onnx_dir=onnx_dir)

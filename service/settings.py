@@ -9,8 +9,9 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CHECKPOINT = REPO_ROOT / "checkpoints" / "default"
+from model.checkpoint import BUNDLED_CHECKPOINT
+
+DEFAULT_CHECKPOINT = BUNDLED_CHECKPOINT
 
 
 class Settings(BaseSettings):

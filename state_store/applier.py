@@ -36,9 +36,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
-from model.node_state import read_watermark
-
 from .base import AppendResult, LoggedEvent, NewEvent, StateStore
+from .blob_header import read_watermark
 
 # Upper bound of the random pause before re-reading conflicting nodes, per round so
 # far: writers that keep colliding on a hub spread out instead of retrying in step.

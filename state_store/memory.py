@@ -11,21 +11,13 @@ Lua script or one pipeline on Redis.
 from __future__ import annotations
 
 import itertools
-import struct
 import threading
 import time
 from collections import OrderedDict, deque
 
-from model.node_state import HEADER_SIZE, WATERMARK_T_OFFSET
-
 from .base import AppendResult, LoggedEvent, NewEvent, StateStore, WriteOutcome
+from .blob_header import HEADER_SIZE, pack_watermark, watermark_bytes
 from .common import MemoryStoreConfig, event_ids, event_time, future_reason, late_reason
-
-_WM = slice(WATERMARK_T_OFFSET, WATERMARK_T_OFFSET + 16)  # t_last (f64) + last_seq (i64)
-
-
-def _pack_watermark(wm: tuple[float, int]) -> bytes:
-    return struct.pack("<dq", float(wm[0]), int(wm[1]))
 
 
 class InMemoryStore(StateStore):
@@ -88,7 +80,7 @@ class InMemoryStore(StateStore):
                     ok = (
                         cur is not None
                         and len(cur) >= HEADER_SIZE
-                        and cur[_WM] == _pack_watermark(exp)
+                        and watermark_bytes(cur) == pack_watermark(exp)
                     )
                 if ok:
                     self._states[(version, node)] = (

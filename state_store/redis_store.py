@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import struct
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -47,6 +46,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
 from .base import AppendResult, LoggedEvent, NewEvent, StateStore, StoreUnavailable, WriteOutcome
+from .blob_header import pack_watermark
 from .common import (
     RedisStoreConfig,
     decode_event,
@@ -471,7 +471,7 @@ class RedisStore(StateStore):
             for n in group:
                 exp = expected.get(n)
                 args += [
-                    b"" if exp is None else struct.pack("<dq", float(exp[0]), int(exp[1])),
+                    b"" if exp is None else pack_watermark(exp),
                     blobs[n],
                 ]
             calls.append(([self.state_key(version, n) for n in group], args))

@@ -22,10 +22,6 @@ def data_dir() -> Path:
     return DATA
 
 
-# Shared test helpers live in the `tests.support` package (real Redis servers, store
-# workers that multiprocessing 'spawn' children import by name): the repo root must
-# be importable however pytest was started.
-import sys  # noqa: E402
-
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# Store fixtures (real redis-server processes per session, a backend per test) for
+# every test package that runs on each store backend.
+pytest_plugins = ["tests.support.store_fixtures"]

@@ -6,15 +6,8 @@ import pytest
 import torch
 
 from model.config import ModelConfig
-from model.node_state import (
-    HEADER_SIZE,
-    PAD_KEY,
-    NeighbourLists,
-    NodeStates,
-    StateCodec,
-    StateFormatError,
-    read_watermark,
-)
+from model.node_state import PAD_KEY, NeighbourLists, NodeStates, StateCodec, StateFormatError
+from state_store.blob_header import HEADER_SIZE, read_watermark
 
 CFG = ModelConfig(n_layers=2, d_model=8, d_state=4, d_conv=3)
 

@@ -20,7 +20,6 @@ from urllib.parse import quote
 import httpx
 import torch
 
-from model.data import read_edge_stream
 from service.engine import ModelRuntime
 from state_store.applier import apply_logged, logged_events
 from state_store.base import LoggedEvent, NewEvent
@@ -29,6 +28,7 @@ from state_store.memory import InMemoryStore
 from state_store.redis_store import RedisStore
 from tests.support.service_process import ServiceProcess, start_service
 from tests.support.store_model import read_whole_log
+from training.data import read_edge_stream
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CHECKPOINT = REPO / "checkpoints" / "default"

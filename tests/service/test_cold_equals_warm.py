@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from model.data import read_edge_stream
 from tests.support.service_process import start_service
+from training.data import read_edge_stream
 
 
 def ingest(client, stream, lo, hi, batch=500):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import redis
 
-from model.data import read_edge_stream
 from service.engine import Engine, ModelRuntime
 from state_store.redis_store import RedisStore
+from training.data import read_edge_stream
 
 
 class CountingConnection(redis.Connection):

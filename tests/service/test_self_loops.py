@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from model.checkpoint import load_checkpoint
-from model.data import EdgeStream
-from model.evaluate import StreamReplay
-from model.training_batches import IndexedStream
 from service.engine import Engine, ModelRuntime
 from state_store.factory import make_store
+from training.batches import IndexedStream
+from training.data import EdgeStream
+from training.replay import StreamReplay
 
 
 def test_service_scores_equal_the_evaluator_with_self_loops(models_dir):

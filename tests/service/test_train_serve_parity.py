@@ -9,11 +9,11 @@ import csv
 import numpy as np
 from sklearn.metrics import average_precision_score
 
-from model import evaluate
-from model.data import chronological_split, read_edge_stream
-from service.replay import ServiceClient, read_queries, replay
+from loadtests.accuracy_replay import ServiceClient, read_queries, replay
 from service.settings import DEFAULT_CHECKPOINT
 from tests.support.service_process import start_service
+from training import evaluate
+from training.data import chronological_split, read_edge_stream
 
 
 def test_replay_over_http_equals_offline_evaluator(redis_server, data_dir, tmp_path):

@@ -14,8 +14,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from model.node_state import NodeStates, StateCodec, read_watermark
+from model.node_state import NodeStates, StateCodec
 from state_store.base import NewEvent, StoreUnavailable
+from state_store.blob_header import read_watermark
 from state_store.factory import make_store
 from state_store.memory import InMemoryStore
 from tests.support.redis_server import free_port

@@ -5,7 +5,7 @@
 3. check step/scan parity on real events: folding ``model.step`` over some busy
    nodes' event sequences equals one ``model.scan`` from the same initial state.
 
-    python -m model.demo --data ../shared/data/uci/edges.csv.gz
+    python -m training.demo --data ../shared/data/uci/edges.csv.gz
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .checkpoint import load_checkpoint
+from model.checkpoint import load_checkpoint
+from model.link_model import EventInputs
+from model.node_state import NodeStates
+
+from .batches import IndexedStream, NodeEventIndex
 from .data import chronological_split, read_edge_stream
 from .evaluate import evaluate_model
-from .link_model import EventInputs
-from .node_state import NodeStates
 from .train import train
-from .training_batches import IndexedStream, NodeEventIndex
 
 
 def step_scan_parity(model, data: IndexedStream, n_nodes: int = 16, length: int = 64) -> float:
@@ -56,7 +57,9 @@ def step_scan_parity(model, data: IndexedStream, n_nodes: int = 16, length: int 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m model.demo", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m training.demo", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--data", required=True)
     ap.add_argument("--events", type=int, default=8000, help="use the first N events of the stream")
     ap.add_argument("--threads", type=int, default=1)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.data import chronological_split, read_edge_stream
-from model.evaluate import build_queries
-from model.negatives import EvalNegativeSampler, mrr_negatives, train_negatives
-from model.training_batches import IndexedStream
+from training.batches import IndexedStream
+from training.data import chronological_split, read_edge_stream
+from training.negatives import EvalNegativeSampler, mrr_negatives, train_negatives
+from training.replay import build_queries
 
 
 @pytest.fixture(scope="module")

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from model.link_model import ROLE_DST, ROLE_SRC, EventInputs
+from model.node_ids import node_keys
+from model.pair_features import PAD_KEY
+from model.streaming import NeighbourLists
+
 from .data import EdgeStream
-from .link_model import ROLE_DST, ROLE_SRC, EventInputs
-from .node_ids import node_keys
-from .pair_features import PAD_KEY
-from .streaming import NeighbourLists
 
 
 @dataclass

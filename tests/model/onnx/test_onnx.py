@@ -20,25 +20,24 @@ import torch
 
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.config import ModelConfig
-from model.data import read_edge_stream
 from model.link_model import DygMambaLinkModel, EventInputs
 from model.node_ids import node_keys
 from model.node_state import NodeStates
-from model.onnx_backend import OnnxLinkModel, OnnxManifestError, read_manifest
-from model.onnx_export import (
-    MANIFEST_FILE,
-    STEP_INPUTS,
+from model.onnx.cli import main
+from model.onnx.export import (
     default_out_dir,
     export_onnx,
-    main,
     sample_readout_inputs,
     sample_step_inputs,
 )
+from model.onnx.manifest import MANIFEST_FILE, STEP_INPUTS, OnnxManifestError, read_manifest
+from model.onnx.runtime import OnnxLinkModel
 from model.pair_features import PAD_KEY
 from model.streaming import NeighbourLists, NodeEvent, advance, endpoint_events, score
+from training.data import read_edge_stream
 
 RTOL, ATOL = 1e-5, 1e-5
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DEFAULT_CHECKPOINT = REPO / "checkpoints" / "default"
 N_EVENTS, BATCH = 2000, 100
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from model.results import PAPER_TABLE4, main, render
+from training.results import PAPER_TABLE4, main, render
 
 
 def _m(ap: float) -> dict:

@@ -2,8 +2,8 @@
 default-size node states, next to the raw pipelined MGET/MSET of the same bytes and
 (when it is on PATH) ``redis-benchmark``.
 
-    python -m state_store.bench --redis-url redis://127.0.0.1:6390 [--n-states 1000]
-    python -m state_store.bench                      # the embedded in-memory store
+    python -m loadtests.store_bench --redis-url redis://127.0.0.1:6390 [--n-states 1000]
+    python -m loadtests.store_bench                      # the embedded in-memory store
 
 Keys are written under the prefix ``dygserve-bench`` and removed afterwards
 (redis-benchmark leaves its own ``key:__rand_int__``, which is deleted too).
@@ -30,9 +30,9 @@ from urllib.parse import urlsplit
 import torch
 
 from model.config import ModelConfig
-from model.node_state import NodeStates, StateCodec, read_watermark
-
-from .factory import make_store
+from model.node_state import NodeStates, StateCodec
+from state_store.blob_header import read_watermark
+from state_store.factory import make_store
 
 BENCH_PREFIX = "dygserve-bench"
 BENCH_VERSION = "be0c4be0c4be0c40"
@@ -216,7 +216,7 @@ def run_store_bench(
         )
 
         # appending: n_states events per batch (each touches two nodes' histories)
-        from .base import NewEvent
+        from state_store.base import NewEvent
 
         clock = [0.0]
 
@@ -334,7 +334,7 @@ def to_markdown(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m state_store.bench", description=__doc__.split("\n\n")[0]
+        prog="python -m loadtests.store_bench", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument(
         "--redis-url",

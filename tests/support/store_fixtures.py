@@ -1,6 +1,7 @@
-"""Real Redis servers for the state-store tests: one single server and one 3-master
-cluster per session, on free loopback ports, flushed before every test that uses
-them. Skipped (not failed) only when redis-server is not installed."""
+"""Real Redis servers for the tests that run on every store backend (the store
+contract, the store bench): one single server and one 3-master cluster per session,
+on free loopback ports, flushed before every test that uses them. Skipped (not
+failed) only when redis-server is not installed."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ Two graphs, both with a dynamic batch dimension ``batch`` (one row per node or p
   outputs h_new, conv_new (same shapes as h, conv)
 
   The bookkeeping (t_last <- t, last_seq <- seq, n_events + 1) stays in the Python
-  wrapper (``model.onnx_backend.OnnxLinkModel.step``).
+  wrapper (``model.onnx.runtime.OnnxLinkModel.step``).
 
 * ``readout_head.onnx``: logits of N pairs from cached states at query times tau:
   decay to tau (float64 gap, clamped at 0), read-out, head.
@@ -38,8 +38,8 @@ PyTorch on a small self-check batch.
 
 CLI::
 
-    python -m model.onnx_export --checkpoint checkpoints/default [--out DIR]
-    python -m model.onnx_export --bench [--checkpoint DIR]   # torch vs onnxruntime timings
+    dygserve export-onnx --checkpoint checkpoints/default [--out DIR]
+    dygserve export-onnx --bench [--checkpoint DIR]   # torch vs onnxruntime timings (model.onnx.bench)
 
 The default output folder is ``<checkpoint>-onnx`` beside the checkpoint, never
 inside it (the checkpoint folder holds only what its version hashes).
@@ -47,14 +47,10 @@ inside it (the checkpoint folder holds only what its version hashes).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import hashlib
 import json
 import logging
 import sys
-import tempfile
-import time
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -64,20 +60,23 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checkpoint import LoadedCheckpoint, load_checkpoint
-from .link_model import DygMambaLinkModel, EventInputs
-from .node_state import NO_TIME, NodeStates
-from .pair_features import PAIR_FEATURE_DIM, pair_id_columns
+from state_store.blob_header import NO_TIME
 
-MANIFEST_FILE = "manifest.json"
-MANIFEST_FORMAT = "dygserve-onnx/1"
-STEP_FILE = "step.onnx"
-READOUT_HEAD_FILE = "readout_head.onnx"
-STEP_INPUTS = ("h", "conv", "t_last", "other_key", "role", "features", "t")
-STEP_OUTPUTS = ("h_new", "conv_new")
-READOUT_HEAD_INPUTS = ("h_u", "t_last_u", "h_v", "t_last_v", "tau", "pair", "pair_ids")
-READOUT_HEAD_OUTPUTS = ("logits",)
-BATCH_DIM = "batch"
+from ..checkpoint import LoadedCheckpoint, load_checkpoint
+from ..link_model import DygMambaLinkModel, EventInputs
+from ..node_state import NodeStates
+from ..pair_features import PAIR_FEATURE_DIM, pair_id_columns
+from .manifest import (
+    BATCH_DIM,
+    MANIFEST_FILE,
+    MANIFEST_FORMAT,
+    READOUT_HEAD_FILE,
+    READOUT_HEAD_OUTPUTS,
+    STEP_FILE,
+    STEP_OUTPUTS,
+    sha256_file,
+)
+
 # Sample batch for tracing: not 0 or 1, which torch.export would specialise.
 _SAMPLE_N = 5
 # The export self-check: ORT vs torch on the sample batch.
@@ -322,10 +321,6 @@ def _export_graph(
     raise OnnxExportError(f"could not export {name}: {errors}")
 
 
-def _sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def default_out_dir(checkpoint_dir: str | Path) -> Path:
     ck = Path(checkpoint_dir).resolve()
     return ck.parent / f"{ck.name}-onnx"
@@ -368,7 +363,7 @@ def export_loaded(
         ),
     }
     for g in graphs.values():
-        g["sha256"] = _sha256_file(out / g["file"])
+        g["sha256"] = sha256_file(out / g["file"])
     import onnx
     import onnxruntime
 
@@ -408,163 +403,3 @@ def export_onnx(
     """
     out = default_out_dir(checkpoint_dir) if out_dir is None else Path(out_dir)
     return export_loaded(load_checkpoint(checkpoint_dir), out, exporter=exporter, opset=opset)
-
-
-# ===================================================================== bench
-def _time_call(fn: Any, min_seconds: float = 0.5, max_calls: int = 2000) -> float:
-    """Median seconds per call over repeated blocks, after a warm-up."""
-    fn()
-    fn()
-    t0 = time.perf_counter()
-    fn()
-    one = max(time.perf_counter() - t0, 1e-7)
-    reps = int(max(1, min(max_calls, min_seconds / one / 5)))
-    blocks = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        blocks.append((time.perf_counter() - t0) / reps)
-    return float(np.median(blocks))
-
-
-def bench(
-    checkpoint_dir: str | Path, batches: Sequence[int] = (1, 1000), threads: int = 1
-) -> list[dict[str, Any]]:
-    """Torch eager vs onnxruntime for ``step`` and ``score_states`` at the given batches."""
-    from .onnx_backend import OnnxLinkModel
-
-    torch.set_num_threads(threads)
-    ck = load_checkpoint(checkpoint_dir)
-    torch_model = ck.model.eval()
-    with tempfile.TemporaryDirectory(prefix="dygserve-onnx-bench-") as tmp:
-        t0 = time.perf_counter()
-        manifest = export_loaded(ck, Path(tmp) / "onnx")
-        export_s = time.perf_counter() - t0
-        ort_model = OnnxLinkModel.from_loaded(ck, Path(tmp) / "onnx", intra_op_threads=threads)
-    rows = []
-    for n in batches:
-        s = sample_step_inputs(torch_model, n, seed=n)
-        states = NodeStates(
-            s["h"],
-            s["conv"],
-            s["t_last"],
-            torch.zeros(n, dtype=torch.int64),
-            torch.ones(n, dtype=torch.int64),
-        )
-        ev = EventInputs(
-            s["other_key"], s["role"], s["features"], s["t"], torch.arange(n, dtype=torch.int64)
-        )
-        r = sample_readout_inputs(torch_model, n, seed=n + 1)
-        su = NodeStates(r["h_u"], s["conv"], r["t_last_u"], states.last_seq, states.n_events)
-        sv = NodeStates(r["h_v"], s["conv"], r["t_last_v"], states.last_seq, states.n_events)
-        pair = r["pair"] if torch_model.config.use_pair_features else None
-        ids = r["pair_ids"] if torch_model.config.identity_match_dim else None
-
-        def torch_step(states: NodeStates = states, ev: EventInputs = ev) -> NodeStates:
-            with torch.inference_mode():
-                return torch_model.step(states, ev)
-
-        def torch_score(
-            su: NodeStates = su,
-            sv: NodeStates = sv,
-            tau: torch.Tensor = r["tau"],
-            pair: Any = pair,
-            ids: Any = ids,
-        ) -> torch.Tensor:
-            with torch.inference_mode():
-                return torch_model.score_states(su, sv, tau, pair, ids)
-
-        def ort_step(states: NodeStates = states, ev: EventInputs = ev) -> NodeStates:
-            return ort_model.step(states, ev)
-
-        def ort_score(
-            su: NodeStates = su,
-            sv: NodeStates = sv,
-            tau: torch.Tensor = r["tau"],
-            pair: Any = pair,
-            ids: Any = ids,
-        ) -> torch.Tensor:
-            return ort_model.score_states(su, sv, tau, pair, ids)
-
-        diff_step = float((torch_step().h - ort_step().h).abs().max())
-        diff_score = float((torch_score() - ort_score()).abs().max())
-        for op, ft, fo, diff in (
-            ("step", torch_step, ort_step, diff_step),
-            ("score", torch_score, ort_score, diff_score),
-        ):
-            t_torch, t_ort = _time_call(ft), _time_call(fo)
-            rows.append(
-                {
-                    "op": op,
-                    "batch": n,
-                    "torch_us": t_torch * 1e6,
-                    "ort_us": t_ort * 1e6,
-                    "speedup": t_torch / t_ort,
-                    "max_abs_diff": diff,
-                }
-            )
-    print(
-        f"checkpoint {ck.path} (version {ck.version}), exporter {manifest['exporter']}, opset {manifest['opset']}, "
-        f"export {export_s:.1f} s; providers {ort_model.providers}; {threads} thread(s) each; "
-        f"torch {torch.__version__}, onnxruntime {manifest['versions']['onnxruntime']}"
-    )
-    print(
-        "| call | batch | torch eager µs/call | onnxruntime µs/call | torch / ORT | max abs diff |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for row in rows:
-        print(
-            f"| {row['op']} | {row['batch']:,} | {row['torch_us']:,.0f} | {row['ort_us']:,.0f} | "
-            f"{row['speedup']:.2f}x | {row['max_abs_diff']:.1e} |"
-        )
-    return rows
-
-
-# ===================================================================== CLI
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m model.onnx_export", description=__doc__.split("\n\n")[0]
-    )
-    p.add_argument(
-        "--checkpoint",
-        type=Path,
-        default=None,
-        help="checkpoint folder (bench default: checkpoints/default)",
-    )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="output folder (default: <checkpoint>-onnx beside it)",
-    )
-    p.add_argument("--exporter", choices=("auto", "dynamo", "torchscript"), default="auto")
-    p.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the exporter's)")
-    p.add_argument(
-        "--bench", action="store_true", help="time torch vs onnxruntime for step and score"
-    )
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 1000], help="bench batch sizes")
-    p.add_argument(
-        "--threads", type=int, default=1, help="bench: torch threads and ORT intra-op threads"
-    )
-    a = p.parse_args(argv)
-    if a.bench:
-        ck = a.checkpoint or Path(__file__).resolve().parents[1] / "checkpoints" / "default"
-        bench(ck, a.batches, a.threads)
-        return 0
-    if a.checkpoint is None:
-        p.error("--checkpoint is required (or --bench)")
-    out = a.out or default_out_dir(a.checkpoint)
-    manifest = export_onnx(a.checkpoint, out, exporter=a.exporter, opset=a.opset)
-    print(
-        f"exported model {manifest['model_version']} to {out} "
-        f"({manifest['exporter']}, opset {manifest['opset']}): "
-        + ", ".join(
-            f"{g['file']} ({g['self_check_max_diff']:.1e})" for g in manifest["graphs"].values()
-        )
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from model.metrics import average_precision, batched, mrr, roc_auc
+from training.metrics import average_precision, batched, mrr, roc_auc
 
 
 def test_hand_case_matches_sklearn() -> None:

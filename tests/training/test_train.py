@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from model.checkpoint import load_checkpoint
-from model.data import chronological_split, read_edge_stream
-from model.evaluate import Queries, build_queries, replay
 from model.node_state import NodeStates
 from model.streaming import NeighbourLists, advance, endpoint_events, score
-from model.train import TRAIN_STATE_DIR, EpochRunner, train
-from model.training_batches import IndexedStream, NodeEventIndex
+from training.batches import IndexedStream, NodeEventIndex
+from training.data import chronological_split, read_edge_stream
+from training.replay import Queries, build_queries, replay
+from training.train import TRAIN_STATE_DIR, EpochRunner, train
 
 N_EVENTS = 2000
 

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from model.baselines import edgebank_logits, run_baselines
 from model.checkpoint import save_checkpoint
 from model.config import ModelConfig
-from model.data import chronological_split, read_edge_stream
-from model.evaluate import StreamReplay, build_queries, evaluate_model, main, replay
 from model.link_model import DygMambaLinkModel
-from model.training_batches import IndexedStream
+from training.baselines import edgebank_logits, run_baselines
+from training.batches import IndexedStream
+from training.data import chronological_split, read_edge_stream
+from training.evaluate import evaluate_model, main
+from training.replay import StreamReplay, build_queries, replay
 
 N_EVENTS = 3000
 
@@ -178,7 +179,7 @@ def test_evaluate_cli_writes_beside_checkpoint(uci, model, tmp_path, data_dir) -
     assert sum(r["is_positive"] == "1" for r in rows) == n_test
     assert {r["kind"] for r in rows} == {"pos", "random", "historical", "inductive", "mrr"}
     # the CSV reproduces the metrics
-    from model.metrics import batched
+    from training.metrics import batched
 
     pos = {int(r["event"]): float(r["logit"]) for r in rows if r["kind"] == "pos"}
     neg = [r for r in rows if r["kind"] == "random" and r["setting"] == "transductive"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.data import chronological_split, read_edge_stream
+from training.data import chronological_split, read_edge_stream
 
 
 @pytest.mark.parametrize(

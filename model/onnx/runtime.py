@@ -4,7 +4,7 @@
 ``config``, ``step(states, ev) -> NodeStates``, ``score_states(su, sv, tau, pair, pair_ids)``
 and ``eval()``. Tensors in and out are torch (on the CPU); inside, numpy arrays go
 through two onnxruntime sessions (``step.onnx`` and ``readout_head.onnx``, see
-``model.onnx_export``). The per-node bookkeeping of a step (t_last <- t, last_seq <- seq,
+``model.onnx.export``). The per-node bookkeeping of a step (t_last <- t, last_seq <- seq,
 n_events + 1) happens here, in the same dtypes as the PyTorch model.
 
 States stay CPU tensors, so ``advance`` always takes the segmented step (it calls
@@ -18,8 +18,6 @@ use (``InferenceSession.get_providers()``), not what was asked for.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,28 +26,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import CheckpointError, LoadedCheckpoint, load_checkpoint
-from .config import ModelConfig
-from .link_model import EventInputs
-from .node_state import NodeStates
-from .onnx_export import (
-    MANIFEST_FILE,
-    MANIFEST_FORMAT,
-    READOUT_HEAD_OUTPUTS,
-    STEP_OUTPUTS,
-    export_loaded,
-)
-from .pair_features import PAIR_FEATURE_DIM, pair_id_columns
+from ..checkpoint import LoadedCheckpoint, load_checkpoint
+from ..config import ModelConfig
+from ..link_model import EventInputs
+from ..node_state import NodeStates
+from ..pair_features import PAIR_FEATURE_DIM, pair_id_columns
+from .export import export_loaded
+from .manifest import READOUT_HEAD_OUTPUTS, STEP_OUTPUTS, OnnxManifestError, read_manifest
 
 PREFERRED_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
-
-
-class OnnxManifestError(CheckpointError):
-    """An ONNX export that does not belong to this checkpoint or was altered."""
-
-
-def _sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def available_providers(preferred: Sequence[str] = PREFERRED_PROVIDERS) -> list[str]:
@@ -62,36 +47,6 @@ def available_providers(preferred: Sequence[str] = PREFERRED_PROVIDERS) -> list[
             f"none of the providers {list(preferred)} is available (have {sorted(have)})"
         )
     return chosen
-
-
-def read_manifest(onnx_dir: str | Path, expected_version: str | None = None) -> dict[str, Any]:
-    """The manifest of an export folder, checked: format, model version, file hashes."""
-    d = Path(onnx_dir)
-    try:
-        manifest = json.loads((d / MANIFEST_FILE).read_text())
-    except FileNotFoundError as exc:
-        raise OnnxManifestError(f"no {MANIFEST_FILE} in {d}: not an ONNX export") from exc
-    except json.JSONDecodeError as exc:
-        raise OnnxManifestError(f"{d / MANIFEST_FILE} is not valid JSON: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise OnnxManifestError(f"{d / MANIFEST_FILE} is not a {MANIFEST_FORMAT} manifest")
-    if expected_version is not None and manifest.get("model_version") != expected_version:
-        raise OnnxManifestError(
-            f"ONNX export in {d} is of model {manifest.get('model_version')}, "
-            f"the checkpoint is {expected_version}: re-export it"
-        )
-    for name in ("step", "readout_head"):
-        g = manifest.get("graphs", {}).get(name)
-        if not g:
-            raise OnnxManifestError(f"{d / MANIFEST_FILE} lists no {name} graph")
-        path = d / g["file"]
-        if not path.is_file():
-            raise OnnxManifestError(f"ONNX graph missing: {path}")
-        if _sha256_file(path) != g.get("sha256"):
-            raise OnnxManifestError(
-                f"{path} does not match its sha256 in {MANIFEST_FILE}: tampered or truncated"
-            )
-    return manifest
 
 
 def _np(x: torch.Tensor, dtype: Any) -> np.ndarray:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from loadtests.store_bench import main, parse_redis_benchmark, run_store_bench
 from model.config import ModelConfig
-from state_store.bench import main, parse_redis_benchmark, run_store_bench
 
 
 @pytest.mark.parametrize("backend", ["memory", "redis"])

@@ -22,7 +22,7 @@ Training is resumable: optimizer, model and bookkeeping go to ``out/train_state/
 
 CLI::
 
-    python -m model.train --data PATH --out DIR [--epochs N] [--batch-size B] [--lr LR]
+    python -m training.train --data PATH --out DIR [--epochs N] [--batch-size B] [--lr LR]
         [--seed S] [--patience P] [--max-events N] [--window W] [--visibility exact|batch]
         [--resume] [--set key=value ...]
 """
@@ -43,17 +43,19 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from .checkpoint import save_checkpoint
-from .config import ModelConfig
+from model.checkpoint import load_checkpoint, save_checkpoint
+from model.config import ModelConfig
+from model.link_model import DygMambaLinkModel
+from model.node_state import NodeStates
+from model.pair_features import pair_features, pair_identity_keys
+from model.time_encoding import fit_time_normalisation
+
+from .batches import IndexedStream, NodeEventIndex
 from .data import chronological_split, read_edge_stream
-from .evaluate import _jsonable, evaluate_model, validation_ap
-from .link_model import DygMambaLinkModel
+from .evaluate import evaluate_model, validation_ap
+from .jsonable import jsonable
 from .metrics import average_precision, roc_auc
 from .negatives import train_negatives
-from .node_state import NodeStates
-from .pair_features import pair_features, pair_identity_keys
-from .time_encoding import fit_time_normalisation
-from .training_batches import IndexedStream, NodeEventIndex
 
 TRAIN_STATE_DIR = "train_state"
 SCAN_CHUNK = 1
@@ -285,7 +287,7 @@ def _save_train_state(
     )
     doc = {**doc, "param_groups": osd["param_groups"]}
     tmp = st / "state.json.tmp"
-    tmp.write_text(json.dumps(_jsonable(doc), indent=2, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps(jsonable(doc), indent=2, sort_keys=True) + "\n")
     tmp.replace(st / "state.json")
 
 
@@ -357,7 +359,7 @@ def train(
     if resume:
         doc = _load_train_state(out, model, opt)
         if doc is not None:
-            if doc.get("config") != _jsonable(cfg.model_dump(mode="json")):
+            if doc.get("config") != jsonable(cfg.model_dump(mode="json")):
                 raise ValueError("cannot resume: the saved training state has another model config")
             history, best, start_epoch = doc["history"], doc["best"], doc["epoch"] + 1
             if doc.get("stopped"):
@@ -469,8 +471,6 @@ def train(
         )
 
     # Reload the best epoch and finish its metrics (test with the streaming evaluator).
-    from .checkpoint import load_checkpoint
-
     ckpt = load_checkpoint(out)
     test = None
     if test_eval:
@@ -513,7 +513,7 @@ def _metrics_doc(
         "history": history,
         "config": cfg.model_dump(mode="json"),
     }
-    return _jsonable(doc)
+    return jsonable(doc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,15 +8,15 @@ import re
 
 import redis
 
-from service.bench import INGEST_REPS, SCORING_REPS, bench_pipeline
+from loadtests.bench import INGEST_REPS, SCORING_REPS, bench_pipeline
 from service.settings import DEFAULT_CHECKPOINT
 
 
-def test_bench_pipeline_reports_medians_and_cleans_up(redis_server, data_dir) -> None:
-    client = redis.Redis.from_url(redis_server.url)
+def test_bench_pipeline_reports_medians_and_cleans_up(redis_single, data_dir) -> None:
+    client = redis.Redis.from_url(redis_single.url)
     client.set("someone-elses-key", b"kept")
     text = bench_pipeline(
-        DEFAULT_CHECKPOINT, data_dir / "uci" / "edges.csv.gz", redis_server.url, 1500, 8
+        DEFAULT_CHECKPOINT, data_dir / "uci" / "edges.csv.gz", redis_single.url, 1500, 8
     )
 
     def figure(label: str) -> float:

@@ -1,6 +1,6 @@
 """``dygserve bench``: speed of the pipelines, written as a report.
 
-* ``bench store --redis-url URL``: the state store alone (``state_store.bench``).
+* ``bench store --redis-url URL``: the state store alone (``loadtests.store_bench``).
 * ``bench all [--doc docs/BENCHMARKS.md]``: everything in one run on a Redis it
   starts itself: the store bench, the pipeline bench, and the HTTP service under
   the replay load generator (ingest in batches of 1,000; single GET /v1/score at
@@ -29,14 +29,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.data import read_edge_stream
 from model.node_state import NodeStates
 from model.streaming import NodeEvent, pad_events
-
-from .engine import Engine, ModelRuntime, node_events
-from .gc_tuning import freeze_startup_objects
-from .malloc_tuning import keep_freed_memory
-from .settings import DEFAULT_CHECKPOINT
+from service.engine import Engine, ModelRuntime, node_events
+from service.gc_tuning import freeze_startup_objects
+from service.malloc_tuning import keep_freed_memory
+from service.settings import DEFAULT_CHECKPOINT
+from training.data import read_edge_stream
 
 GOALS = """## Goals from the issues, for comparison
 
@@ -445,7 +444,7 @@ def bench_all(
 ) -> str:
     import os
 
-    from state_store.bench import run_store_bench
+    from loadtests.store_bench import run_store_bench
 
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
@@ -546,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         print(bench_all(args.checkpoint, args.data, args.doc, args.out, backends, args.workers))
         return 0
     if args.what == "store":
-        from state_store.bench import main as store_main
+        from loadtests.store_bench import main as store_main
 
         return int(store_main(args.rest) or 0)
     torch.set_num_threads(1)

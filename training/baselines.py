@@ -21,13 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from model.link_model import DygMambaLinkModel
+from model.node_state import NodeStates
+from model.streaming import score
+
+from .batches import IndexedStream, NodeEventIndex
 from .data import ChronologicalSplit
-from .evaluate import StreamReplay, build_queries, replay, summarise
-from .link_model import DygMambaLinkModel
 from .negatives import STRATEGIES
-from .node_state import NodeStates
-from .streaming import score
-from .training_batches import IndexedStream, NodeEventIndex
+from .replay import StreamReplay, build_queries, replay, summarise
 
 
 def edgebank_logits(

@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from model.data import EdgeStream, chronological_split, read_edge_stream
+from training.data import EdgeStream, chronological_split, read_edge_stream
 
 
 @dataclass
