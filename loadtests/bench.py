@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model.events import NodeEvent, pad_events
 from model.node_state import NodeStates
-from model.streaming import NodeEvent, pad_events
 from service.engine import Engine, ModelRuntime, node_events
 from service.gc_tuning import freeze_startup_objects
 from service.malloc_tuning import keep_freed_memory

@@ -18,38 +18,19 @@ neighbours' ids, never its own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from .config import ModelConfig
-from .node_state import NodeStates
-from .pair_features import PAIR_FEATURE_DIM
+from .events import EventInputs, NodeEvent, pack_events
+from .node_state import NeighbourLists, NodeStates
+from .pair_features import PAIR_FEATURE_DIM, pair_inputs
 from .rank_plan import RankPlan
 from .ssm import CACHE_BLOCK_ELEMENTS, LayerState, SelectiveSSMLayer, gap_units
 from .time_encoding import make_time_encoder
-
-ROLE_SRC, ROLE_DST = 0, 1
-
-
-@dataclass
-class EventInputs:
-    """The per-endpoint inputs of events, for a batch of nodes (shape (N,) or (N, T))."""
-
-    other_key: torch.Tensor  # int64 key of the other endpoint
-    role: torch.Tensor  # int64: ROLE_SRC or ROLE_DST
-    features: torch.Tensor  # float32 (..., edge_feature_dim)
-    t: torch.Tensor  # float64 event times
-    seq: torch.Tensor  # int64 log sequence numbers
-
-    def to(self, device: torch.device | str) -> EventInputs:
-        if self.t.device == torch.device(device):
-            return self
-        return EventInputs(
-            *(x.to(device) for x in (self.other_key, self.role, self.features, self.t, self.seq))
-        )
 
 
 def head_inputs(config: ModelConfig, z_u, z_v, pair, match) -> list:
@@ -356,3 +337,51 @@ class DygMambaLinkModel(nn.Module):
         z_u = self.node_readout(su.h, su.t_last, tau) if self.config.use_state else None
         z_v = self.node_readout(sv.h, sv.t_last, tau) if self.config.use_state else None
         return self.head_logit(z_u, z_v, pair, pair_ids)
+
+    # ----- the served-model protocol (model.protocol.ServedModel) ---------------------
+    def advance(self, states: NodeStates, per_node: Sequence[Sequence[NodeEvent]]) -> NodeStates:
+        """All nodes' events at once, packed rank-major (one pass over all events for
+        everything but the recurrence, then one slice-multiply-add per rank)."""
+        plan = RankPlan.build([len(e) for e in per_node])
+        return self.apply_ranked(
+            states, pack_events(per_node, plan, self.config.edge_feature_dim), plan
+        )
+
+    def score_nodes(
+        self,
+        states: NodeStates,
+        lists: NeighbourLists,
+        keys: torch.Tensor,
+        iu: torch.Tensor,
+        iv: torch.Tensor,
+        tau: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits of pairs given as rows ``iu``, ``iv`` of one set of node states.
+
+        The service loads each distinct node once; copying its state out per pair cost
+        more than the read-out. When all pairs share one query time (a rank request, a
+        batch at "now"), each node is decayed and read out once and the small read-outs
+        are gathered per pair. Equal to ``streaming.score`` on the gathered states (tested).
+        """
+        tau = tau.to(torch.float64)
+        pair, ids = pair_inputs(
+            self.config,
+            keys[iu],
+            keys[iv],
+            tau,
+            lists.select(iu),
+            lists.select(iv),
+            states.n_events[iu],
+            states.n_events[iv],
+            states.t_last[iu],
+            states.t_last[iv],
+        )
+        if not self.config.use_state:
+            return self.head_logit(None, None, pair, ids)
+        if len(tau) and bool((tau == tau[0]).all()):
+            z = self.node_readout_chunked(states.h, states.t_last, tau[:1].expand(len(states)))
+            z_u, z_v = z[iu], z[iv]
+        else:
+            z_u = self.node_readout_chunked(states.h[iu], states.t_last[iu], tau)
+            z_v = self.node_readout_chunked(states.h[iv], states.t_last[iv], tau)
+        return self.head_logit(z_u, z_v, pair, ids)

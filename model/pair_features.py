@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import TimeNormalisation
-from .node_state import PAD_KEY
+from .config import ModelConfig, TimeNormalisation
+from .node_state import PAD_KEY, NeighbourLists
 from .time_encoding import standardised_log_span
 
 PAIR_FEATURE_DIM = 11
@@ -148,3 +148,47 @@ def pair_identity_keys(
         ],
         dim=1,
     )
+
+
+def pair_inputs(
+    config: ModelConfig,
+    key_u: torch.Tensor,
+    key_v: torch.Tensor,
+    tau: torch.Tensor,
+    lists_u: NeighbourLists,
+    lists_v: NeighbourLists,
+    n_events_u: torch.Tensor,
+    n_events_v: torch.Tensor,
+    t_last_u: torch.Tensor,
+    t_last_v: torch.Tensor,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The head's pair inputs of pairs (u_i, v_i, tau_i), each where the config has it:
+    the pair features and the identity-match keys (None where it has not)."""
+    pair = ids = None
+    if config.use_pair_features:
+        pair = pair_features(
+            key_u,
+            key_v,
+            tau,
+            lists_u.keys,
+            lists_u.times,
+            lists_v.keys,
+            lists_v.times,
+            n_events_u,
+            n_events_v,
+            t_last_u,
+            t_last_v,
+            config.time_norm,
+        )
+    if config.identity_match_dim:
+        ids = pair_identity_keys(
+            key_u,
+            key_v,
+            tau,
+            lists_u.keys,
+            lists_u.times,
+            lists_v.keys,
+            lists_v.times,
+            config.identity_match_depth,
+        )
+    return pair, ids

@@ -6,6 +6,7 @@ Every ``serve`` flag is also an environment variable ``DYGSERVE_<NAME>``; flags 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import tempfile
@@ -34,7 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: checkpoint refused: {exc}", file=sys.stderr)
         return 2
     if settings.workers > 1:
-        if not settings.redis_url:
+        if settings.embedded_store:
             print(
                 "error: the embedded store is in-process: several workers need --redis-url",
                 file=sys.stderr,
@@ -54,18 +55,32 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _replay(args: argparse.Namespace) -> int:
-    from .replay import main as replay_main
-
-    return replay_main(args.rest)
-
-
 def _backfill(args: argparse.Namespace) -> int:
     from .backfill import backfill
 
     stats = backfill(args.checkpoint, args.redis_url, batch=args.batch)
     print(stats)
     return 0
+
+
+# Subcommands run by their own module's ``main`` (their parser sees every flag, --help
+# included). Named, not imported: the offline trainer (``training``) and the tools
+# that drive the service from above (``loadtests``) are layers the service does not
+# import (pyproject.toml, [tool.importlinter]).
+DELEGATED = {
+    "train": ("training.train", "train a checkpoint offline on an edge stream"),
+    "evaluate": ("training.evaluate", "evaluate a checkpoint with the DyGLib/TGB protocol"),
+    "results": ("training.results", "train and evaluate on every dataset; rewrite docs/RESULTS.md"),
+    "replay": (
+        "loadtests.accuracy_replay",
+        "stream a dataset into a running service and report AP/AUC",
+    ),
+    "bench": ("loadtests.bench", "benchmarks: `bench store`, `bench pipeline`, `bench all`"),
+    "export-onnx": (
+        "model.onnx.cli",
+        "export step and read-out/head graphs for the onnxruntime backend",
+    ),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,13 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=_serve)
 
-    for name, helptext in (
-        ("train", "train a checkpoint offline on an edge stream"),
-        ("evaluate", "evaluate a checkpoint with the DyGLib/TGB protocol"),
-        ("replay", "stream a dataset into a running service and report AP/AUC"),
-        ("bench", "benchmarks: `bench store`, `bench pipeline`, `bench all`"),
-        ("export-onnx", "export step and read-out/head graphs for the onnxruntime backend"),
-    ):
+    for name, (_, helptext) in DELEGATED.items():
         sub.add_parser(name, help=helptext, add_help=False)  # dispatched in main()
 
     backfill = sub.add_parser(
@@ -110,23 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-DELEGATED = {
-    "train": "training.train",
-    "evaluate": "training.evaluate",
-    "replay": "loadtests.accuracy_replay",
-    "bench": "loadtests.bench",
-    "export-onnx": "model.onnx.cli",
-    "results": "training.results",
-}
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in DELEGATED:
-        # The subcommand's own parser sees every flag, --help included.
-        import importlib
-
-        return int(importlib.import_module(DELEGATED[argv[0]]).main(argv[1:]) or 0)
+        module = importlib.import_module(DELEGATED[argv[0]][0])
+        return int(module.main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

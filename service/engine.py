@@ -22,22 +22,24 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from model.checkpoint import LoadedCheckpoint, load_checkpoint
-from model.link_model import ROLE_DST, ROLE_SRC
+from model.events import ROLE_DST, ROLE_SRC, NodeEvent, endpoint_events
 from model.node_ids import node_key, node_keys
 from model.node_state import NeighbourLists, NodeStates, StateCodec
 from model.numpy_scorer import NumpyScorer
 from model.rank_plan import RankPlan
-from model.streaming import NodeEvent, advance, endpoint_events, score_nodes
+from model.streaming import advance, score_nodes
 from state_store.applier import LoggedBatch, apply_logged, redrive
 from state_store.base import LoggedEvent, NewEvent, StateStore
 from state_store.faults import maybe_crash
 
 from . import metrics
+from .schemas import EventsResponse, NodeSummary, Rejected
 
 log = logging.getLogger("dygserve")
 
@@ -157,7 +159,7 @@ def distinct_nodes(pairs: list[tuple[str, str, float | None]]) -> list[str]:
 def node_events(node: str, events: Sequence[LoggedEvent]) -> list[NodeEvent]:
     """The logged events as seen from ``node``. A self-loop (u, u) is two entries for u
     (in its state and its neighbour list), the source's then the destination's, as the
-    trainer and evaluator see it (``model.streaming.endpoint_events``); the store keeps
+    trainer and evaluator see it (``model.events.endpoint_events``); the store keeps
     it once in the history. (One loop per node, not a call per event: an ingest of
     1,000 events builds ~2,000 of these.)"""
     key = node_key(node)
@@ -222,16 +224,18 @@ class Engine:
         return old
 
     # ----- ingest --------------------------------------------------------------------
-    def ingest(self, events: list[dict], apply: bool = True) -> dict:
+    def ingest(self, events: list[dict[str, Any]], apply: bool = True) -> EventsResponse:
         """Log the events, then (``apply``) commit both endpoints' states before returning."""
         rt = self.runtime
         result, logged = self.log_events(rt, events)
         if logged and apply:
             self.apply(rt, logged)
-        result["applied"] = apply or not logged
+        result.applied = apply or not logged
         return result
 
-    def log_events(self, rt: ModelRuntime, events: list[dict]) -> tuple[dict, LoggedBatch]:
+    def log_events(
+        self, rt: ModelRuntime, events: list[dict[str, Any]]
+    ) -> tuple[EventsResponse, LoggedBatch]:
         """Validate against the model and append to the log; nothing applied yet."""
         dim = rt.config.edge_feature_dim
         new = []
@@ -258,11 +262,12 @@ class Engine:
         metrics.EVENTS_DUPLICATE.inc(len(result.duplicates))
         for _, reason in result.late:
             metrics.EVENTS_REJECTED.labels(reason=reason.split(":", 1)[0]).inc()
-        summary = {
-            "accepted": len(logged),
-            "duplicates": len(result.duplicates),
-            "rejected": [{"index": i, "reason": r} for i, r in result.late],
-        }
+        summary = EventsResponse(
+            accepted=len(logged),
+            duplicates=len(result.duplicates),
+            rejected=[Rejected(index=i, reason=r) for i, r in result.late],
+            applied=False,
+        )
         return summary, LoggedBatch(logged, result.previous_seq)
 
     def apply_in_background(self, rt: ModelRuntime, logged: LoggedBatch) -> None:
@@ -419,7 +424,7 @@ class Engine:
         return out
 
     # ----- introspection -------------------------------------------------------------
-    def node_summary(self, node: str) -> dict:
+    def node_summary(self, node: str) -> NodeSummary:
         rt = self.runtime
         blob = self.store.read_states(rt.version, [node])[0]
         history = self.store.read_histories([node])[0]

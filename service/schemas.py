@@ -191,3 +191,13 @@ class ModelInfo(BaseModel):
     device: str = Field(description="where the model runs: cpu or cuda[:n]")
     config: dict
     metrics: dict
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    ready: bool
+    store: bool = Field(description="the state store answered a ping")
+    model_version: str | None

@@ -1,29 +1,72 @@
-"""The one Settings object (pydantic-settings, env prefix ``DYGSERVE_``)."""
+"""The one Settings object (pydantic-settings, env prefix ``DYGSERVE_``).
+
+The store's options are one typed config per backend (``state_store.config``),
+nested here as ``store``. Set them as ``DYGSERVE_STORE__<FIELD>``, or by the flat
+names documented since v1 (``DYGSERVE_REDIS_URL``, ``DYGSERVE_HISTORY_CAP``,
+``DYGSERVE_STATE_TTL_S``, ``DYGSERVE_DEDUPE_TTL_S``, ``DYGSERVE_MAX_FUTURE_SKEW``),
+which ``FlatStoreNames`` maps into it. A Redis URL picks the Redis backend; no URL
+means the embedded in-process store.
+"""
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from model.checkpoint import BUNDLED_CHECKPOINT
+from state_store.config import MemoryStoreConfig, StoreConfig
+from state_store.factory import is_memory_url
 
 DEFAULT_CHECKPOINT = BUNDLED_CHECKPOINT
+ENV_PREFIX = "DYGSERVE_"
+
+
+class FlatStoreNames(PydanticBaseSettingsSource):
+    """The v1 environment names of store options, as entries of ``store``."""
+
+    NAMES = {
+        "REDIS_URL": "url",
+        "HISTORY_CAP": "history_cap",
+        "STATE_TTL_S": "state_ttl_s",
+        "DEDUPE_TTL_S": "dedupe_ttl_s",
+        "MAX_FUTURE_SKEW": "max_future_skew",
+    }
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # everything comes from __call__
+
+    def __call__(self) -> dict[str, Any]:
+        store = {
+            field: os.environ[ENV_PREFIX + name]
+            for name, field in self.NAMES.items()
+            if ENV_PREFIX + name in os.environ
+        }
+        return {"store": store} if store else {}
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DYGSERVE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="ignore"
+    )
 
     checkpoint: Path = Field(DEFAULT_CHECKPOINT, description="checkpoint directory served at start")
     models_dir: Path | None = Field(
         None,
         description="reloads only load from under this folder (default: the checkpoint's parent)",
     )
-    redis_url: str | None = Field(
-        None, description="redis://host:port/db or redis+cluster://host:port; none = embedded store"
+    store: StoreConfig = Field(
+        default_factory=MemoryStoreConfig,
+        description="the state store: Redis (single or cluster) when a URL is set, else embedded",
     )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -51,14 +94,6 @@ class Settings(BaseSettings):
     late_policy: Literal["reject"] = Field(
         "reject", description="what happens to an event older than a node's last event"
     )
-    max_future_skew: float | None = Field(
-        None, ge=0, description="reject events this far beyond the latest event time"
-    )
-    history_cap: int = Field(10_000, ge=1, description="events kept per node for cold rebuilds")
-    state_ttl_s: int | None = Field(
-        None, ge=1, description="TTL of state blobs (they rebuild from history when gone)"
-    )
-    dedupe_ttl_s: int = Field(7 * 24 * 3600, ge=1, description="how long event ids are remembered")
     backend: Literal["torch", "onnx"] = Field(
         "torch", description="inference backend: PyTorch or onnxruntime (same numbers)"
     )
@@ -70,6 +105,42 @@ class Settings(BaseSettings):
         "auto",
         description="where the torch backend runs ingest, cold rebuilds and scoring: auto = CUDA when present",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _store_backend_from_url(cls, data: Any) -> Any:
+        """A store block without ``backend`` is Redis when it names a URL, else embedded."""
+        if isinstance(data, dict) and isinstance(data.get("store"), dict):
+            store = dict(data["store"])
+            if "backend" not in store:
+                memory = is_memory_url(store.get("url"))
+                store["backend"] = "memory" if memory else "redis"
+                if memory:
+                    store.pop("url", None)
+            data = {**data, "store": store}
+        return data
+
+    @property
+    def embedded_store(self) -> bool:
+        return isinstance(self.store, MemoryStoreConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Nested names (DYGSERVE_STORE__...) win over the flat v1 names.
+        return (
+            init_settings,
+            env_settings,
+            FlatStoreNames(settings_cls),
+            dotenv_settings,
+            file_secret_settings,
+        )
 
 
 @lru_cache(maxsize=1)

@@ -1,29 +1,37 @@
 """State store: node-state blobs, the event log, and the exactly-once applier.
 
-``make_store(url)`` picks the backend: the embedded ``InMemoryStore`` (no URL),
+``open_store(config)`` opens the backend a typed config names, ``make_store(url)``
+the one a URL names: the embedded ``InMemoryStore`` (no URL),
 ``RedisStore`` on one server (``redis://``) or on Redis Cluster (``redis+cluster://``).
 See docs/STATE_STORE.md.
 """
 
 from .base import (
     AppendResult,
+    EventLog,
     LoggedEvent,
     NewEvent,
     StateStore,
+    StateTable,
     StoreUnavailable,
     WriteOutcome,
 )
-from .common import MemoryStoreConfig, RedisStoreConfig
-from .factory import make_store
+from .config import MemoryStoreConfig, RedisStoreConfig, StoreConfig
+from .factory import make_store, open_store, store_config
 
 __all__ = [
     "AppendResult",
+    "EventLog",
     "LoggedEvent",
     "MemoryStoreConfig",
     "NewEvent",
     "RedisStoreConfig",
     "StateStore",
+    "StateTable",
+    "StoreConfig",
     "StoreUnavailable",
     "WriteOutcome",
     "make_store",
+    "open_store",
+    "store_config",
 ]

@@ -1,5 +1,7 @@
-"""The state-store interface (after Feast's online store: one small interface, one
-config per backend).
+"""The state-store interfaces (after Feast's online store: small interfaces, one
+config per backend, ``state_store.config``): ``StateTable`` (state blobs with
+compare-and-set) and ``EventLog`` (log, histories, pending), which every backend
+implements both of (``StateStore``).
 
 Three kinds of data, with different keys and lifetimes:
 
@@ -49,9 +51,10 @@ changed in meaning):
 
 from __future__ import annotations
 
-import abc
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
+
+from .blob_header import Watermark
 
 
 class StoreUnavailable(Exception):
@@ -110,65 +113,67 @@ class WriteOutcome:
     conflicts: list[str]  # node ids whose stored watermark changed since it was read
 
 
-class StateStore(abc.ABC):
-    """Every method is one round trip (or one per cluster slot), whatever the batch size."""
+class StateTable(Protocol):
+    """Node-state blobs, one per node and model version; writes are compare-and-set
+    on the watermark in the blob header (``state_store.blob_header``)."""
 
-    backend: str = "abstract"
+    # True where ``read_states_async`` never blocks the loop. Small score requests then
+    # read and score on the loop itself instead of in a worker thread (service.batcher).
+    async_reads: bool
 
-    # ---- state blobs (namespaced by model version) ----
-    @abc.abstractmethod
     def read_states(self, version: str, nodes: list[str]) -> list[bytes | None]: ...
 
-    @abc.abstractmethod
+    async def read_states_async(self, version: str, nodes: list[str]) -> list[bytes | None]:
+        """``read_states`` awaited on the event loop (only where ``async_reads``)."""
+        ...
+
     def write_states(
-        self, version: str, blobs: dict[str, bytes], expected: dict[str, tuple[float, int] | None]
+        self, version: str, blobs: dict[str, bytes], expected: dict[str, Watermark | None]
     ) -> WriteOutcome:
         """Compare-and-set: write ``blobs[n]`` only where the stored watermark equals
         ``expected[n]`` (None = no blob stored)."""
+        ...
 
-    @abc.abstractmethod
     def delete_states(self, version: str, nodes: list[str]) -> int: ...
 
-    # ---- event log ----
-    @abc.abstractmethod
+
+class EventLog(Protocol):
+    """The source of truth: the log with dedupe and the late check, per-node
+    histories, and the pending set of logged but not yet applied events."""
+
     def append_events(self, events: list[NewEvent]) -> AppendResult: ...
 
-    @abc.abstractmethod
     def read_histories(
         self, nodes: list[str], after_seq: list[int] | None = None, limit: int | None = None
     ) -> list[list[LoggedEvent]]:
         """Each node's history (oldest first), only events with seq > after_seq[i]
         if given, at most the newest ``limit`` events if given."""
+        ...
 
-    @abc.abstractmethod
     def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]: ...
 
-    @abc.abstractmethod
     def pending(self, limit: int) -> list[LoggedEvent]:
         """Logged events not yet marked applied, oldest first."""
+        ...
 
-    @abc.abstractmethod
     def mark_applied(self, seqs: list[int]) -> None: ...
 
-    @abc.abstractmethod
     def last_event_time(self) -> float | None:
         """The latest event time logged so far (the service's event-time clock)."""
+        ...
 
-    # ---- for the event loop ----
-    # True where ``read_states_async`` never blocks the loop. Small score requests then
-    # read and score on the loop itself instead of in a worker thread (service.batcher).
-    async_reads: bool = False
 
-    async def read_states_async(self, version: str, nodes: list[str]) -> list[bytes | None]:
-        """``read_states`` awaited on the event loop (only where ``async_reads``)."""
-        raise NotImplementedError(f"{type(self).__name__} reads states in blocking calls only")
+class StateStore(StateTable, EventLog, Protocol):
+    """Both roles behind one connection (each backend implements both), plus its
+    lifecycle. Every method is one round trip (or one per cluster slot), whatever
+    the batch size."""
 
-    async def aclose(self) -> None:  # noqa: B027 - optional hook: nothing to release by default
-        """Release what ``read_states_async`` opened (on the loop that used it)."""
+    backend: str  # "memory", "redis" or "redis-cluster", for logs and metrics
 
-    # ---- housekeeping ----
-    @abc.abstractmethod
     def ping(self) -> bool: ...
 
-    @abc.abstractmethod
     def close(self) -> None: ...
+
+    async def aclose(self) -> None:
+        """Release what ``read_states_async`` opened (on the loop that used it)."""
+        ...

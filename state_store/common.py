@@ -1,4 +1,4 @@
-"""Pieces shared by the store backends: configs, the compact event encoding, reasons.
+"""Pieces shared by the store backends: the compact event encoding, event ids, reasons.
 
 Both backends must refuse the same events with the same reasons and return events
 that compare equal, so the rules live here once.
@@ -21,48 +21,8 @@ import math
 import os
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
 
 from .base import LoggedEvent, NewEvent
-
-
-class StoreOptions(BaseModel):
-    """Options every backend understands."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    state_ttl_s: float | None = Field(
-        None, gt=0, description="TTL of state blobs (the only keys with a TTL); None = none"
-    )
-    history_cap: int = Field(
-        10_000, ge=1, description="events kept per node history (newest); older are dropped"
-    )
-    dedupe_ttl_s: float | None = Field(
-        86_400.0, gt=0, description="how long an event id is remembered; None = forever"
-    )
-    max_future_skew: float | None = Field(
-        None, ge=0, description="refuse t > latest logged t + this; None = off"
-    )
-    log_keep: int = Field(
-        100_000, ge=0, description="the global log always keeps at least this many newest entries"
-    )
-
-
-class MemoryStoreConfig(StoreOptions):
-    """The embedded in-process store (one process, not persistent)."""
-
-
-class RedisStoreConfig(StoreOptions):
-    """``redis://host:port/db`` (one server, also ``rediss://``, ``unix://``) or
-    ``redis+cluster://host:port[,host:port...]`` (Redis Cluster, also ``rediss+cluster://``)."""
-
-    url: str = "redis://127.0.0.1:6379/0"
-    socket_timeout: float | None = Field(5.0, gt=0)
-    key_prefix: str = Field(
-        "dygserve",
-        min_length=1,
-        description="namespace of every key (several deployments per Redis)",
-    )
 
 
 def event_time(t: float) -> float:

@@ -1,16 +1,13 @@
-"""``make_store(url, **options)``: the store a URL names.
+"""Opening a store: ``open_store(config)`` for a typed config, ``make_store(url, ...)``
+for the URL form that the CLI, the tools and the tests use.
+
+URLs:
 
 * ``None`` (or ``""``, ``memory://``): the embedded ``InMemoryStore`` (one process, not
-  persistent). Redis-only options (``socket_timeout``, ``key_prefix``) are ignored.
+  persistent).
 * ``redis://``, ``rediss://``, ``unix://``: ``RedisStore`` on one server.
 * ``redis+cluster://host:port[,host:port...]`` (or ``rediss+cluster://``): ``RedisStore``
   on Redis Cluster.
-
-``options`` are the fields of ``RedisStoreConfig`` / ``MemoryStoreConfig``
-(``state_ttl_s``, ``history_cap``, ``dedupe_ttl_s``, ``max_future_skew``, ``log_keep``,
-``socket_timeout``, ``key_prefix``). An option given as ``None`` keeps its default,
-except where ``None`` is a setting of its own ("off": ``state_ttl_s``,
-``dedupe_ttl_s``, ``max_future_skew``, ``socket_timeout``).
 """
 
 from __future__ import annotations
@@ -18,20 +15,33 @@ from __future__ import annotations
 from typing import Any
 
 from .base import StateStore
-from .common import MemoryStoreConfig, RedisStoreConfig
+from .config import MemoryStoreConfig, RedisStoreConfig, StoreConfig
+from .memory import InMemoryStore
+from .redis_store import RedisStore
 
-_NONE_MEANS_OFF = {"state_ttl_s", "dedupe_ttl_s", "max_future_skew", "socket_timeout"}
-_REDIS_ONLY = set(RedisStoreConfig.model_fields) - set(MemoryStoreConfig.model_fields)
+
+def is_memory_url(url: str | None) -> bool:
+    return not url or url.strip().lower() in ("memory", "memory://")
+
+
+def store_config(url: str | None, **options: Any) -> StoreConfig:
+    """The config of the backend ``url`` names, with ``options`` (fields of either
+    backend's config; those the chosen backend does not have, such as a Redis key
+    prefix for the embedded store, are left out)."""
+    if is_memory_url(url):
+        known = MemoryStoreConfig.model_fields
+        return MemoryStoreConfig(**{k: v for k, v in options.items() if k in known})
+    known = RedisStoreConfig.model_fields
+    return RedisStoreConfig(
+        url=url, **{k: v for k, v in options.items() if k in known and k != "url"}
+    )
+
+
+def open_store(config: StoreConfig) -> StateStore:
+    if isinstance(config, MemoryStoreConfig):
+        return InMemoryStore(config)
+    return RedisStore(config)
 
 
 def make_store(url: str | None, **options: Any) -> StateStore:
-    opts = {k: v for k, v in options.items() if v is not None or k in _NONE_MEANS_OFF}
-    if not url or url.strip().lower() in ("memory", "memory://"):
-        from .memory import InMemoryStore
-
-        mem = {k: v for k, v in opts.items() if k not in _REDIS_ONLY}
-        return InMemoryStore(MemoryStoreConfig(**mem))
-    from .redis_store import RedisStore
-
-    opts.pop("url", None)
-    return RedisStore(RedisStoreConfig(url=url, **opts))
+    return open_store(store_config(url, **options))

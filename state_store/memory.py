@@ -17,7 +17,8 @@ from collections import OrderedDict, deque
 
 from .base import AppendResult, LoggedEvent, NewEvent, StateStore, WriteOutcome
 from .blob_header import HEADER_SIZE, pack_watermark, watermark_bytes
-from .common import MemoryStoreConfig, event_ids, event_time, future_reason, late_reason
+from .common import event_ids, event_time, future_reason, late_reason
+from .config import MemoryStoreConfig
 
 
 class InMemoryStore(StateStore):
@@ -215,6 +216,9 @@ class InMemoryStore(StateStore):
     # ---- housekeeping --------------------------------------------------------------------
     def ping(self) -> bool:
         return not self._closed
+
+    async def aclose(self) -> None:
+        """Nothing to release: reads never left the process."""
 
     def close(self) -> None:
         self._closed = True

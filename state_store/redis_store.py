@@ -48,7 +48,6 @@ from redis.retry import Retry
 from .base import AppendResult, LoggedEvent, NewEvent, StateStore, StoreUnavailable, WriteOutcome
 from .blob_header import pack_watermark
 from .common import (
-    RedisStoreConfig,
     decode_event,
     encode_tail,
     event_ids,
@@ -56,6 +55,7 @@ from .common import (
     future_reason,
     late_reason,
 )
+from .config import RedisStoreConfig
 
 # --------------------------------------------------------------------------------------
 # Lua scripts. Every key they touch is in KEYS (cluster routing and correctness).

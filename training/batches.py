@@ -6,7 +6,7 @@
 * ``NodeEventIndex``: per-node event lists (CSR) over a subset of the events, in
   (t, seq) order. An event (u, v) is one entry in u's list (role src) and one in
   v's (role dst); a self-loop (u, u) gives u two entries, src first then dst, which
-  is the order ``streaming.endpoint_events`` produces them in.
+  is the order ``events.endpoint_events`` produces them in.
   ``prefix_count(node, t)`` = how many of a node's events have time < t, i.e. which
   state a query at t reads under exact visibility; ``neighbour_lists`` gathers the
   last L (key, t) entries before such a prefix, exactly what the service's
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model.link_model import ROLE_DST, ROLE_SRC, EventInputs
+from model.events import ROLE_DST, ROLE_SRC, EventInputs
 from model.node_ids import node_keys
 from model.pair_features import PAD_KEY
 from model.streaming import NeighbourLists

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from model.checkpoint import load_checkpoint
-from model.link_model import EventInputs
+from model.events import EventInputs
 from model.node_state import NodeStates
 
 from .batches import IndexedStream, NodeEventIndex

@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from model.events import NodeEvent, endpoint_events, pad_events
 from model.link_model import DygMambaLinkModel
 from model.node_state import NodeStates
 from model.pair_features import PAD_KEY
-from model.streaming import NeighbourLists, NodeEvent, advance, endpoint_events, pad_events, score
+from model.streaming import NeighbourLists, advance, score
 
 from .batches import IndexedStream
 from .data import ChronologicalSplit

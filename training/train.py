@@ -47,7 +47,7 @@ from model.checkpoint import load_checkpoint, save_checkpoint
 from model.config import ModelConfig
 from model.link_model import DygMambaLinkModel
 from model.node_state import NodeStates
-from model.pair_features import pair_features, pair_identity_keys
+from model.pair_features import pair_inputs
 from model.time_encoding import fit_time_normalisation
 
 from .batches import IndexedStream, NodeEventIndex
@@ -212,44 +212,23 @@ class EpochRunner:
         if cfg.use_pair_features or cfg.identity_match_dim:
             lists = idx.neighbour_lists(q_nodes, q_m, cfg.neighbour_list_len)
             keys = torch.from_numpy(d.keys[q_nodes])
-            su, sv, sn = slice(0, n_q), slice(n_q, 2 * n_q), slice(2 * n_q, 3 * n_q)
-            tau = torch.from_numpy(t)
-        if cfg.use_pair_features:
             m_t = torch.from_numpy(q_m)
             last = torch.from_numpy(idx.last_time(q_nodes, q_m))
-
-            def pf(a_sl: slice, b_sl: slice) -> torch.Tensor:
-                return pair_features(
-                    keys[a_sl],
-                    keys[b_sl],
-                    tau,
-                    lists.keys[a_sl],
-                    lists.times[a_sl],
-                    lists.keys[b_sl],
-                    lists.times[b_sl],
-                    m_t[a_sl],
-                    m_t[b_sl],
-                    last[a_sl],
-                    last[b_sl],
-                    cfg.time_norm,
-                )
-
-            pair = torch.cat([pf(su, sv), pf(su, sn)])
-        if cfg.identity_match_dim:
-
-            def pid(a_sl: slice, b_sl: slice) -> torch.Tensor:
-                return pair_identity_keys(
-                    keys[a_sl],
-                    keys[b_sl],
-                    tau,
-                    lists.keys[a_sl],
-                    lists.times[a_sl],
-                    lists.keys[b_sl],
-                    lists.times[b_sl],
-                    cfg.identity_match_depth,
-                )
-
-            ids = torch.cat([pid(su, sv), pid(su, sn)])
+            # Positives (u, v), then negatives (u, n): rows of the queries [u..., v..., n...].
+            a = torch.cat([torch.arange(n_q), torch.arange(n_q)])
+            b = torch.arange(n_q, 3 * n_q)
+            pair, ids = pair_inputs(
+                cfg,
+                keys[a],
+                keys[b],
+                torch.from_numpy(np.concatenate([t, t])),
+                lists.select(a),
+                lists.select(b),
+                m_t[a],
+                m_t[b],
+                last[a],
+                last[b],
+            )
         if z is not None:
             z_u, z_v, z_n = z[:n_q], z[n_q : 2 * n_q], z[2 * n_q :]
             logits = self.model.head_logit(torch.cat([z_u, z_u]), torch.cat([z_v, z_n]), pair, ids)

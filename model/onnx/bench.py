@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..checkpoint import load_checkpoint
-from ..link_model import EventInputs
+from ..events import EventInputs
 from ..node_state import NodeStates
 from .export import export_loaded, sample_readout_inputs, sample_step_inputs
 from .runtime import OnnxLinkModel

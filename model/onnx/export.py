@@ -63,7 +63,8 @@ from torch import nn
 from state_store.blob_header import NO_TIME
 
 from ..checkpoint import LoadedCheckpoint, load_checkpoint
-from ..link_model import DygMambaLinkModel, EventInputs
+from ..events import EventInputs
+from ..link_model import DygMambaLinkModel
 from ..node_state import NodeStates
 from ..pair_features import PAIR_FEATURE_DIM, pair_id_columns
 from .manifest import (

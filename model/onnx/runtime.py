@@ -1,14 +1,13 @@
 """The onnxruntime backend: a drop-in for ``DygMambaLinkModel`` in ``model.streaming``.
 
-``OnnxLinkModel`` has the surface ``streaming.advance`` and ``streaming.score`` use:
-``config``, ``step(states, ev) -> NodeStates``, ``score_states(su, sv, tau, pair, pair_ids)``
-and ``eval()``. Tensors in and out are torch (on the CPU); inside, numpy arrays go
+``OnnxLinkModel`` implements ``model.protocol.ServedModel`` (``config``, ``eval()``,
+``advance``, ``score_states``, ``score_nodes``) on top of ``step(states, ev)``. Tensors in and out are torch (on the CPU); inside, numpy arrays go
 through two onnxruntime sessions (``step.onnx`` and ``readout_head.onnx``, see
 ``model.onnx.export``). The per-node bookkeeping of a step (t_last <- t, last_seq <- seq,
 n_events + 1) happens here, in the same dtypes as the PyTorch model.
 
-States stay CPU tensors, so ``advance`` always takes the segmented step (it calls
-``model.scan`` only for CUDA states); ``scan`` is provided anyway as a fold of ``step``.
+``advance`` is the segmented step (one run of the step graph per event rank);
+``scan`` is provided as a fold of ``step``.
 
 Providers: ``CUDAExecutionProvider`` then ``CPUExecutionProvider``, filtered to what
 ``onnxruntime.get_available_providers()`` lists. onnxruntime-gpu falls back to the CPU
@@ -28,9 +27,10 @@ import torch
 
 from ..checkpoint import LoadedCheckpoint, load_checkpoint
 from ..config import ModelConfig
-from ..link_model import EventInputs
-from ..node_state import NodeStates
+from ..events import EventInputs, NodeEvent, advance_stepwise
+from ..node_state import NeighbourLists, NodeStates
 from ..pair_features import PAIR_FEATURE_DIM, pair_id_columns
+from ..streaming import score_gathered
 from .export import export_loaded
 from .manifest import READOUT_HEAD_OUTPUTS, STEP_OUTPUTS, OnnxManifestError, read_manifest
 
@@ -131,9 +131,25 @@ class OnnxLinkModel:
             load_checkpoint(checkpoint_dir), onnx_dir, providers, intra_op_threads
         )
 
-    # ----- what streaming.advance / streaming.score use -----------------------------------
+    # ----- the served-model protocol (model.protocol.ServedModel) ---------------------
     def eval(self) -> OnnxLinkModel:
         return self
+
+    def advance(self, states: NodeStates, per_node: Sequence[Sequence[NodeEvent]]) -> NodeStates:
+        """One run of the step graph per event rank (``events.advance_stepwise``)."""
+        return advance_stepwise(self, states, per_node)
+
+    def score_nodes(
+        self,
+        states: NodeStates,
+        lists: NeighbourLists,
+        keys: torch.Tensor,
+        iu: torch.Tensor,
+        iv: torch.Tensor,
+        tau: torch.Tensor,
+    ) -> torch.Tensor:
+        """The graph scores whole pairs: gather each pair's states, then score."""
+        return score_gathered(self, states, lists, keys, iu, iv, tau)
 
     @property
     def providers(self) -> tuple[str, ...]:

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.config import ModelConfig
-from model.link_model import DygMambaLinkModel, EventInputs
+from model.events import EventInputs
+from model.link_model import DygMambaLinkModel
 from model.node_state import NodeStates
 from model.ssm import LOG_DECAY_FLOOR
 

@@ -9,14 +9,13 @@ import torch
 
 import model.streaming as streaming
 from model.config import ModelConfig
-from model.link_model import DygMambaLinkModel, EventInputs
+from model.events import EventInputs, NodeEvent, advance_stepwise, pad_events
+from model.link_model import DygMambaLinkModel
 from model.node_state import NeighbourLists, NodeStates
 from model.rank_plan import RankPlan
 
 
-def _events(
-    lengths: tuple[int, ...], t0: float, gen: torch.Generator
-) -> list[list[streaming.NodeEvent]]:
+def _events(lengths: tuple[int, ...], t0: float, gen: torch.Generator) -> list[list[NodeEvent]]:
     per_node = []
     for n_events in lengths:
         t = t0 + torch.cumsum(torch.rand(n_events, generator=gen, dtype=torch.float64) * 10, 0)
@@ -24,9 +23,7 @@ def _events(
         t = torch.cummax(t, 0).values
         per_node.append(
             [
-                streaming.NodeEvent(
-                    int(k) * 7 + 1, int(k % 2), [0.5, -float(k)], float(t[k]), int(k)
-                )
+                NodeEvent(int(k) * 7 + 1, int(k % 2), [0.5, -float(k)], float(t[k]), int(k))
                 for k in range(n_events)
             ]
         )
@@ -45,7 +42,7 @@ def _carried_states(n: int, cfg: ModelConfig, gen: torch.Generator) -> NodeState
 
 
 def _fold_step(
-    model: DygMambaLinkModel, s0: NodeStates, i: int, events: list[streaming.NodeEvent]
+    model: DygMambaLinkModel, s0: NodeStates, i: int, events: list[NodeEvent]
 ) -> NodeStates:
     cur = s0.select([i])
     with torch.no_grad():
@@ -76,7 +73,7 @@ def test_advance_equals_a_fold_of_step(route, n_layers, d_conv, carried, monkeyp
         else NodeStates.initial(len(per_node), cfg)
     )
     if route == "stepwise":
-        out = streaming._advance_stepwise(model, s0, per_node)
+        out = advance_stepwise(model, s0, per_node)
     else:
         if route == "ranked_small_blocks":  # forces many runs of ranks (bounded memory path)
             layer_ranked = type(model.layers[0]).ranked
@@ -106,7 +103,7 @@ def test_ranked_agrees_with_the_scan():
     per_node = _events((5, 64, 17, 1), 100.0, gen)
     s0 = _carried_states(len(per_node), cfg, gen)
     ranked = streaming.advance(model, s0, per_node)
-    ev, lengths = streaming.pad_events(per_node, cfg.edge_feature_dim)
+    ev, lengths = pad_events(per_node, cfg.edge_feature_dim)
     with torch.no_grad():
         scanned, _ = model.scan(s0, ev, lengths)
     torch.testing.assert_close(ranked.h, scanned.h, rtol=1e-5, atol=1e-5)

@@ -23,7 +23,7 @@ import torch
 from service.engine import ModelRuntime
 from state_store.applier import apply_logged, logged_events
 from state_store.base import LoggedEvent, NewEvent
-from state_store.common import RedisStoreConfig
+from state_store.config import RedisStoreConfig
 from state_store.memory import InMemoryStore
 from state_store.redis_store import RedisStore
 from tests.support.service_process import ServiceProcess, start_service

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from model.checkpoint import load_checkpoint
+from model.events import endpoint_events
 from model.node_state import NodeStates
-from model.streaming import NeighbourLists, advance, endpoint_events, score
+from model.streaming import NeighbourLists, advance, score
 from training.batches import IndexedStream, NodeEventIndex
 from training.data import chronological_split, read_edge_stream
 from training.replay import Queries, build_queries, replay

@@ -20,7 +20,8 @@ import torch
 
 from model.checkpoint import load_checkpoint, save_checkpoint
 from model.config import ModelConfig
-from model.link_model import DygMambaLinkModel, EventInputs
+from model.events import EventInputs, NodeEvent, endpoint_events
+from model.link_model import DygMambaLinkModel
 from model.node_ids import node_keys
 from model.node_state import NodeStates
 from model.onnx.cli import main
@@ -33,7 +34,7 @@ from model.onnx.export import (
 from model.onnx.manifest import MANIFEST_FILE, STEP_INPUTS, OnnxManifestError, read_manifest
 from model.onnx.runtime import OnnxLinkModel
 from model.pair_features import PAD_KEY
-from model.streaming import NeighbourLists, NodeEvent, advance, endpoint_events, score
+from model.streaming import NeighbourLists, advance, score
 from training.data import read_edge_stream
 
 RTOL, ATOL = 1e-5, 1e-5

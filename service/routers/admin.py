@@ -1,0 +1,68 @@
+"""``GET /v1/model`` and ``POST /v1/admin/reload``: what is served, and a hot switch."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from fastapi import APIRouter, Depends
+from starlette.concurrency import run_in_threadpool
+
+from model.checkpoint import CheckpointError
+
+from .. import metrics
+from ..auth import require_api_key
+from ..deps import EngineDep, SettingsDep
+from ..engine import Engine, ModelRuntime, RequestRefused
+from ..errors import ERROR_RESPONSES
+from ..gc_tuning import refreeze
+from ..schemas import ModelInfo, ReloadRequest
+
+log = logging.getLogger("dygserve")
+router = APIRouter(tags=["admin"], responses=ERROR_RESPONSES)
+
+
+def model_info(engine: Engine) -> ModelInfo:
+    rt = engine.runtime
+    return ModelInfo(
+        model_version=rt.version,
+        checkpoint=str(rt.checkpoint.path),
+        backend=rt.backend,
+        device=str(rt.device),
+        config=rt.config.model_dump(mode="json"),
+        metrics=rt.checkpoint.metrics,
+    )
+
+
+@router.get("/v1/model")
+async def get_model(engine: EngineDep) -> ModelInfo:
+    return model_info(engine)
+
+
+@router.post("/v1/admin/reload", dependencies=[Depends(require_api_key)])
+async def reload(body: ReloadRequest, engine: EngineDep, settings: SettingsDep) -> ModelInfo:
+    """Switch to another checkpoint under the models directory; states of the new
+    version rebuild lazily from history (or with `dygserve backfill`)."""
+    root = (settings.models_dir or Path(settings.checkpoint).parent).resolve()
+    try:  # a NUL byte in the name is a ValueError, a name over NAME_MAX an OSError
+        target = (root / body.checkpoint).resolve()
+    except (OSError, ValueError) as exc:
+        raise RequestRefused(
+            422, f"checkpoint refused, still serving {engine.runtime.version}: {exc}"
+        ) from exc
+    if not target.is_relative_to(root):
+        raise RequestRefused(403, "checkpoints load only from under the models directory")
+    try:
+        runtime = await run_in_threadpool(
+            ModelRuntime.load, target, settings.backend, None, settings.device
+        )
+    except (CheckpointError, OSError, ValueError) as exc:
+        raise RequestRefused(
+            422, f"checkpoint refused, still serving {engine.runtime.version}: {exc}"
+        ) from exc
+    old_version = engine.swap(runtime).version
+    metrics.set_model_version(runtime.version, old_version)
+    log.info("reloaded: %s -> %s", old_version, runtime.version)
+    # The old model is garbage once its last request ends; free its cycles, freeze the new one.
+    await run_in_threadpool(refreeze)
+    return model_info(engine)

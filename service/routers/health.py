@@ -1,0 +1,38 @@
+"""``/healthz`` (the process is up), ``/readyz`` (store reachable, re-drive done),
+``/metrics`` (Prometheus)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from .. import metrics
+from ..engine import Engine
+from ..schemas import Health, Readiness
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get("/readyz", responses={503: {"model": Readiness}})
+async def readyz(request: Request, response: Response) -> Readiness:
+    """200 when the store answers and the start-up re-drive is done; else 503."""
+    engine: Engine | None = getattr(request.app.state, "engine", None)
+    store_ok = engine is not None and await run_in_threadpool(engine.store.ping)
+    ready = bool(store_ok and request.app.state.ready)
+    if not ready:
+        response.status_code = 503
+        response.headers["Retry-After"] = "1"
+    return Readiness(
+        ready=ready, store=bool(store_ok), model_version=engine.runtime.version if engine else None
+    )
+
+
+@router.get("/metrics")
+async def prometheus_metrics() -> Response:
+    data, content_type = metrics.render()
+    return Response(data, media_type=content_type)
