@@ -32,8 +32,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
 
+## The architecture and the house style (CI runs it before the tests): layer contracts,
+## ruff check, ruff format --check, mypy.
 lint: $(STAMP)
-	$(BIN)/ruff check model service state_store loadtests tests
+	$(BIN)/lint-imports
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 ## Train and evaluate on the five datasets and rewrite docs/RESULTS.md (long: hours on 2 cores).
 results: $(STAMP)

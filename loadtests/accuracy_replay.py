@@ -17,9 +17,9 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from sklearn.metrics import average_precision_score, roc_auc_score
 
 from training.data import EdgeStream, chronological_split, read_edge_stream
+from training.metrics import average_precision, roc_auc
 
 
 @dataclass
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     logits = replay(client, stream, start, queries, args.batch, progress=True)
     labels = np.array([q.label for q in queries])
     scores = np.array(logits)
-    ap, auc = average_precision_score(labels, scores), roc_auc_score(labels, scores)
+    ap, auc = average_precision(labels, scores), roc_auc(labels, scores)
     print(f"replayed {len(queries)} queries: AP {ap:.4f}  AUC {auc:.4f}")
     if args.write_scores:
         with open(args.write_scores, "w", newline="") as fh:

@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -231,7 +232,8 @@ def bench_pipeline(
         if proc is not None:
             proc.terminate()
             proc.wait()
-            shutil.rmtree(workdir, ignore_errors=True)
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
     ingest_rate, cached_rate = float(np.median(ingest_rates)), float(np.median(cached_rates))
     return "\n".join(
         [
@@ -300,7 +302,7 @@ def _apply_calls(url: str) -> float:
     return 0.0
 
 
-def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], None]) -> list[str]:
+def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], object]) -> list[str]:
     """The HTTP figures. ``reset_store`` empties the service's Redis between the ingest
     repetitions (each replays the same first 30,000 events)."""
     import asyncio
@@ -400,29 +402,30 @@ def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], None])
                 stderr=subprocess.DEVNULL,
             )
             time.sleep(3)
-        rep = run_open_loop(OpenLoopConfig(url=url, rate=200, duration=30, threads=8), pairs)
-        (out / f"get_open_loop_{event_rate}.json").write_text(rep.to_json())
+        open_loop = run_open_loop(OpenLoopConfig(url=url, rate=200, duration=30, threads=8), pairs)
+        (out / f"get_open_loop_{event_rate}.json").write_text(open_loop.to_json())
         if bg is not None:
             bg.terminate()
             bg.wait()
-        st = rep.latency
+        st = open_loop.latency
         rows.append(
-            f"| single GET /v1/score, open loop at 200 req/s ({rep.achieved_rate:,.0f} answered/s, {rep.errors} errors), "
+            f"| single GET /v1/score, open loop at 200 req/s ({open_loop.achieved_rate:,.0f} answered/s, {open_loop.errors} errors), "
             f"{label} | p50 {st.p50_ms:.2f} ms, p95 {st.p95_ms:.2f} ms, p99 {st.p99_ms:.2f} ms, max {st.max_ms:.1f} ms |"
         )
     post_pairs = pairs_from_csv(data, limit=30_000, seed=1)
     t = post_pairs[0][2]
-    body = {"pairs": [{"src": a, "dst": b, "t": t} for a, b, t in post_pairs]}
+    body_pairs: list[dict[str, Any]] = [{"src": a, "dst": b, "t": t} for a, b, t in post_pairs]
+    body = {"pairs": body_pairs}
     with httpx.Client(base_url=url, timeout=60) as c:
-        lat = []
+        get_seconds: list[float] = []
         for k in range(500):
-            a, b = body["pairs"][k % 1000]["src"], body["pairs"][k % 1000]["dst"]
+            a, b = body_pairs[k % 1000]["src"], body_pairs[k % 1000]["dst"]
             start = time.perf_counter()
             c.get("/v1/score", params={"src": a, "dst": b, "t": t}).raise_for_status()
-            lat.append(time.perf_counter() - start)
-        p50, p99 = np.percentile(np.array(lat) * 1e3, [50, 99])
+            get_seconds.append(time.perf_counter() - start)
+        p50, p99 = np.percentile(np.array(get_seconds) * 1e3, [50, 99])
         rows.append(
-            f"| single GET /v1/score, 1 client in a closed loop, no other traffic ({len(lat) / sum(lat):,.0f} req/s) | "
+            f"| single GET /v1/score, 1 client in a closed loop, no other traffic ({len(get_seconds) / sum(get_seconds):,.0f} req/s) | "
             f"p50 {p50:.2f} ms, p99 {p99:.2f} ms |"
         )
         c.post("/v1/score", json=body)

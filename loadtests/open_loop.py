@@ -85,7 +85,9 @@ def run_open_loop(cfg: OpenLoopConfig, pairs: list[tuple[str, str, float]]) -> O
     start = time.perf_counter() + 0.1
 
     def worker(i: int) -> None:
-        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=cfg.timeout)
+        conn = http.client.HTTPConnection(
+            parts.hostname or "127.0.0.1", parts.port, timeout=cfg.timeout
+        )
         for k in range(i, total, cfg.threads):
             due = start + k / cfg.rate
             wait = due - time.perf_counter()
@@ -105,7 +107,9 @@ def run_open_loop(cfg: OpenLoopConfig, pairs: list[tuple[str, str, float]]) -> O
                 ok = resp.status == 200
             except (OSError, http.client.HTTPException):
                 conn.close()
-                conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=cfg.timeout)
+                conn = http.client.HTTPConnection(
+                    parts.hostname or "127.0.0.1", parts.port, timeout=cfg.timeout
+                )
                 ok = False
             end = time.perf_counter()
             if ok:

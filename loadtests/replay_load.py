@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import functools
 import gzip
 import io
 import ipaddress
@@ -318,6 +319,10 @@ class _Run:
         self.failed_requests = 0
 
     # ---- helpers
+    def _free_or_stopped(self, nodes: frozenset[str]) -> bool:
+        """A gated batch may go: none of its nodes is in flight (or the run stops)."""
+        return self.stop.is_set() or self.inflight.isdisjoint(nodes)
+
     def _note_failure(self) -> None:
         self.failed_requests += 1
         if (
@@ -382,7 +387,7 @@ class _Run:
                 if cfg.ordering == "gated":
                     async with self.cond:
                         await self.cond.wait_for(
-                            lambda b=batch: self.stop.is_set() or self.inflight.isdisjoint(b.nodes)
+                            functools.partial(self._free_or_stopped, batch.nodes)
                         )
                     if self.stop.is_set():
                         break

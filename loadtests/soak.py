@@ -241,9 +241,7 @@ async def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     holder: dict[str, Recorder] = {}
     t0 = time.perf_counter()
     await sampler.sample(0.0, None)
-    load = asyncio.create_task(
-        run_load(cfg.load, on_recorder=lambda r: holder.setdefault("rec", r))
-    )
+    load = asyncio.create_task(run_load(cfg.load, on_recorder=lambda r: holder.update(rec=r)))
     try:
         while not load.done():
             done, _ = await asyncio.wait({load}, timeout=cfg.interval)

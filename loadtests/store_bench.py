@@ -31,7 +31,7 @@ import torch
 
 from model.config import ModelConfig
 from model.node_state import NodeStates, StateCodec
-from state_store.blob_header import read_watermark
+from state_store.blob_header import Watermark, read_watermark
 from state_store.factory import make_store
 
 BENCH_PREFIX = "dygserve-bench"
@@ -180,7 +180,7 @@ def run_store_bench(
 
         # CAS write: round r moves every watermark from (k, k) to (k+1, k+1).
         seq = [0]
-        pre = {}
+        pre: dict[int, dict[str, bytes]] = {}
 
         def cas(_r: int) -> None:
             k = seq[0]
@@ -202,7 +202,10 @@ def run_store_bench(
             st.t_last.add_(1.0)
             st.last_seq.add_(1)
             st.n_events.add_(1)
-            expected = {n: read_watermark(b) for n, b in zip(nodes, blobs, strict=True)}  # type: ignore[arg-type]
+            expected: dict[str, Watermark | None] = {
+                n: None if b is None else read_watermark(b)
+                for n, b in zip(nodes, blobs, strict=True)
+            }
             out = store.write_states(
                 BENCH_VERSION, dict(zip(nodes, codec.encode_many(st), strict=True)), expected
             )

@@ -19,6 +19,7 @@ neighbours' ids, never its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import torch
@@ -48,6 +49,16 @@ def head_inputs(config: ModelConfig, z_u, z_v, pair, match) -> list:
 
 
 class DygMambaLinkModel(nn.Module):
+    # Submodules that exist only for some configs, typed for the checker (nn.Module's
+    # __getattr__ would otherwise make every one "Tensor | Module").
+    node_embedding: nn.Embedding | None
+    readout: nn.Sequential
+    head: nn.Sequential
+    match_dst: nn.Embedding
+    match_src: nn.Embedding
+    match_before_dst: nn.ModuleList
+    match_before_src: nn.ModuleList
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -97,6 +108,10 @@ class DygMambaLinkModel(nn.Module):
             nn.Linear(c.head_hidden, 1),
         )
 
+    def ssm_layers(self) -> list[SelectiveSSMLayer]:
+        """The SSM layers, typed (an ``nn.ModuleList`` yields plain Modules to a checker)."""
+        return [cast(SelectiveSSMLayer, layer) for layer in self.layers]
+
     # ----- tokens --------------------------------------------------------------------
     def tokens(
         self, ev: EventInputs, gap: torch.Tensor, first: torch.Tensor
@@ -131,7 +146,7 @@ class DygMambaLinkModel(nn.Module):
         gap, first = self._gap(ev.t, states.t_last)
         r, g, phi = self.tokens(ev, gap, first)
         hs, convs = [], []
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.ssm_layers()):
             r, new = layer.step(LayerState(states.h[:, i], states.conv[:, i]), r, g, phi)
             hs.append(new.h)
             convs.append(new.conv)
@@ -168,7 +183,7 @@ class DygMambaLinkModel(nn.Module):
         k1 = self.config.d_conv - 1
         windows, tails = plan.conv_windows(k1).to(dev), plan.final_tails(k1).to(dev)
         hs, convs = [], []
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.ssm_layers()):
             last_layer = i == len(self.layers) - 1
             out, new = layer.ranked(
                 LayerState(s.h[:, i], s.conv[:, i]),
@@ -217,7 +232,7 @@ class DygMambaLinkModel(nn.Module):
         gap, first = self._gap(t, prev)
         r, g, phi = self.tokens(ev, gap, first)
         hs, convs, per_pos = [], [], []
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.ssm_layers()):
             res = layer.scan(
                 LayerState(states0.h[:, i], states0.conv[:, i]),
                 r,
@@ -231,6 +246,7 @@ class DygMambaLinkModel(nn.Module):
             hs.append(res.final.h)
             convs.append(res.final.conv)
             if return_states:
+                assert res.states is not None
                 per_pos.append(res.states)
         last = (lengths - 1).clamp(min=0).unsqueeze(1)
         has = lengths > 0
@@ -254,7 +270,9 @@ class DygMambaLinkModel(nn.Module):
             has, (tau.to(torch.float64) - torch.where(has, t_last, tau)).clamp(min=0.0), 0.0
         )
         g = gap_units(gap, self.config.time_norm.scale)
-        return torch.stack([layer.decay(h[:, i], g) for i, layer in enumerate(self.layers)], dim=1)
+        return torch.stack(
+            [layer.decay(h[:, i], g) for i, layer in enumerate(self.ssm_layers())], dim=1
+        )
 
     def node_readout(
         self, h: torch.Tensor, t_last: torch.Tensor, tau: torch.Tensor

@@ -121,6 +121,11 @@ def latest_visible_neighbours(
     return out
 
 
+def _embedding(module: torch.nn.Module) -> np.ndarray:
+    assert isinstance(module, torch.nn.Embedding)
+    return _np(module.weight)
+
+
 class NumpyScorer:
     """The read-out, pair features and head of one loaded ``DygMambaLinkModel``."""
 
@@ -128,11 +133,10 @@ class NumpyScorer:
         c: ModelConfig = model.config
         self.config = c
         with torch.no_grad():
-            self.log_decay = [
-                _np(layer.log_decay_rate()) for layer in model.layers
-            ]  # (di, ds) each
+            self.log_decay = [_np(layer.log_decay_rate()) for layer in model.ssm_layers()]
         if c.use_state:
             linear, norm = model.readout[0], model.readout[1]
+            assert isinstance(linear, torch.nn.Linear) and isinstance(norm, torch.nn.LayerNorm)
             self.readout = _Linear.of(linear)
             self.ln_weight, self.ln_bias, self.ln_eps = _np(norm.weight), _np(norm.bias), norm.eps
         self.head = [_Linear.of(m) for m in model.head if isinstance(m, torch.nn.Linear)]
@@ -141,8 +145,8 @@ class NumpyScorer:
                 _np(model.match_dst.weight),
                 _np(model.match_src.weight),
             )
-            self.match_before_dst = [_np(t.weight) for t in model.match_before_dst]
-            self.match_before_src = [_np(t.weight) for t in model.match_before_src]
+            self.match_before_dst = [_embedding(t) for t in model.match_before_dst]
+            self.match_before_src = [_embedding(t) for t in model.match_before_src]
 
     # ----- node read-out -----------------------------------------------------------
     def node_readout(self, h: np.ndarray, t_last: np.ndarray, tau: np.ndarray) -> np.ndarray:
@@ -190,7 +194,10 @@ class NumpyScorer:
         pair: np.ndarray | None,
         ids: np.ndarray | None,
     ) -> np.ndarray:
-        match = self.identity_match(ids) if self.config.identity_match_dim else None
+        match = None
+        if self.config.identity_match_dim:
+            assert ids is not None, "this model matches node ids: pass pair_ids"
+            match = self.identity_match(ids)
         x = np.concatenate(head_inputs(self.config, z_u, z_v, pair, match), axis=-1)
         for layer in self.head[:-1]:
             x = np.maximum(layer(x), np.float32(0.0))

@@ -19,15 +19,14 @@ without a time, a store without awaited reads) goes to the worker thread as befo
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
 
 from . import metrics
-from .engine import Engine, ScoredPair
-
-Pair = tuple[str, str, float | None]
+from .engine import Engine, Pair, ScoredPair
 
 
 @dataclass
@@ -43,7 +42,7 @@ class ScoreBatcher:
         self._engine = engine
         self.max_pairs = max_pairs
         self.loop_max_pairs = loop_max_pairs
-        self._queue: list[_Waiting] = []
+        self._queue: deque[_Waiting] = deque()
         self._draining = False
 
     async def score(self, pairs: list[Pair]) -> tuple[list[ScoredPair], str]:
@@ -57,9 +56,10 @@ class ScoreBatcher:
 
     def _take(self) -> list[_Waiting]:
         """The queued requests for one call: at least one, then up to ``max_pairs``."""
-        batch, n = [], 0
+        batch: list[_Waiting] = []
+        n = 0
         while self._queue and (not batch or n + len(self._queue[0].pairs) <= self.max_pairs):
-            item = self._queue.pop(0)
+            item = self._queue.popleft()
             batch.append(item)
             n += len(item.pairs)
         return batch

@@ -32,6 +32,7 @@ from model.events import ROLE_DST, ROLE_SRC, NodeEvent, endpoint_events
 from model.node_ids import node_key, node_keys
 from model.node_state import NeighbourLists, NodeStates, StateCodec
 from model.numpy_scorer import NumpyScorer
+from model.protocol import ServedModel
 from model.rank_plan import RankPlan
 from model.streaming import advance, score_nodes
 from state_store.applier import LoggedBatch, apply_logged, redrive
@@ -42,6 +43,10 @@ from . import metrics
 from .schemas import EventsResponse, NodeSummary, Rejected
 
 log = logging.getLogger("dygserve")
+
+
+# A candidate link: (src, dst, t); t None means the latest event time seen.
+Pair = tuple[str, str, float | None]
 
 
 class RequestRefused(ValueError):
@@ -80,7 +85,7 @@ class ModelRuntime:
             from model.onnx.runtime import OnnxLinkModel
 
             # Same surface as the torch model for model.streaming; refuses a stale export.
-            self.model = OnnxLinkModel.from_loaded(checkpoint, onnx_dir=onnx_dir)
+            self.model: ServedModel = OnnxLinkModel.from_loaded(checkpoint, onnx_dir=onnx_dir)
             # Scoring runs the ONNX read-out/head graph (about 2.5x torch's speed per
             # call); state updates keep torch's rank-major kernel, which applies a batch
             # in one pass where the ONNX step graph runs once per event rank (half the
@@ -151,7 +156,7 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def distinct_nodes(pairs: list[tuple[str, str, float | None]]) -> list[str]:
+def distinct_nodes(pairs: Sequence[Pair]) -> list[str]:
     """The pairs' nodes, each once (sources first), in a stable order."""
     return list(dict.fromkeys([p[0] for p in pairs] + [p[1] for p in pairs]))
 
@@ -329,9 +334,7 @@ class Engine:
                     blobs[i] = rebuilt[n]
         return (*rt.decode(blobs), inductive)
 
-    def score_pairs(
-        self, pairs: list[tuple[str, str, float | None]]
-    ) -> tuple[list[ScoredPair], str]:
+    def score_pairs(self, pairs: Sequence[Pair]) -> tuple[list[ScoredPair], str]:
         rt = self.runtime
         if not pairs:
             return [], rt.version
@@ -345,7 +348,7 @@ class Engine:
         return self._score(rt, pairs, nodes, states, lists, inductive, default_t), rt.version
 
     async def score_pairs_on_loop(
-        self, pairs: list[tuple[str, str, float | None]]
+        self, pairs: Sequence[Pair]
     ) -> tuple[list[ScoredPair], str] | None:
         """``score_pairs`` on the event loop, for a few pairs: an awaited state read (no
         worker thread to wake and wait for), then the read-out in place.
@@ -371,7 +374,7 @@ class Engine:
     def _score(
         self,
         rt: ModelRuntime,
-        pairs: list[tuple[str, str, float | None]],
+        pairs: Sequence[Pair],
         nodes: list[str],
         states: NodeStates,
         lists: NeighbourLists,
@@ -387,7 +390,7 @@ class Engine:
         )
         keys = node_keys(nodes)
         if rt.numpy_scorer is not None and n <= self.numpy_max_pairs:
-            logits = rt.numpy_scorer.score_nodes(
+            lg = rt.numpy_scorer.score_nodes(
                 states.h.numpy(),
                 states.t_last.numpy(),
                 states.n_events.numpy(),
@@ -397,10 +400,10 @@ class Engine:
                 iu,
                 iv,
                 tau,
-            )
+            ).tolist()
         else:
             dev = rt.device
-            logits = score_nodes(
+            lg = score_nodes(
                 rt.model,
                 states.to(dev),
                 lists.to(dev),
@@ -408,12 +411,12 @@ class Engine:
                 torch.from_numpy(iu).to(dev),
                 torch.from_numpy(iv).to(dev),
                 torch.from_numpy(tau).to(dev),
-            ).cpu()
+            ).tolist()
         out = []
         # Plain Python floats in one go: indexing tensors per pair costs microseconds each.
         t_last = states.t_last.tolist()
         tl_u, tl_v = [t_last[i] for i in iu.tolist()], [t_last[i] for i in iv.tolist()]
-        taus, lg = tau.tolist(), logits.tolist()
+        taus = tau.tolist()
         ind = inductive.tolist()
         for k, (s, d, _) in enumerate(pairs):
             t = taus[k]
@@ -430,16 +433,14 @@ class Engine:
         history = self.store.read_histories([node])[0]
         st, _ = rt.decode([blob])
         t_last = float(st.t_last[0])
-        return {
-            "node": node,
-            "model_version": rt.version,
-            "cached": blob is not None,
-            "t_last": t_last if math.isfinite(t_last) else (history[-1].t if history else None),
-            "events_applied": int(
-                st.n_events[0]
-            ),  # 0 while not cached (cold: rebuilt on first use)
-            "last_seq": int(st.last_seq[0])
+        return NodeSummary(
+            node=node,
+            model_version=rt.version,
+            cached=blob is not None,
+            t_last=t_last if math.isfinite(t_last) else (history[-1].t if history else None),
+            events_applied=int(st.n_events[0]),  # 0 while not cached (cold: rebuilt on first use)
+            last_seq=int(st.last_seq[0])
             if blob is not None
             else (history[-1].seq if history else None),
-            "history_length": len(history),
-        }
+            history_length=len(history),
+        )

@@ -26,7 +26,7 @@ class InMemoryStore(StateStore):
 
     def __init__(self, config: MemoryStoreConfig | None = None, **options: object) -> None:
         if config is None:
-            config = MemoryStoreConfig(**options)  # type: ignore[arg-type]
+            config = MemoryStoreConfig.model_validate(options)
         elif options:
             config = MemoryStoreConfig(**{**config.model_dump(), **options})
         self.config = config

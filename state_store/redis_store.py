@@ -652,7 +652,7 @@ class RedisStore(StateStore):
     def ping(self) -> bool:
         try:
             return bool(self._r.ping())
-        except (*_UNAVAILABLE, rex.RedisError):
+        except (rex.RedisError, rex.RedisClusterException):
             return False
 
     def close(self) -> None:
