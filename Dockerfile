@@ -24,11 +24,14 @@ RUN pip install --upgrade pip \
  && pip install --index-url https://download.pytorch.org/whl/cpu torch==${TORCH_VERSION}
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY state_store ./state_store
 COPY model ./model
 COPY service ./service
-COPY state_store ./state_store
+COPY training ./training
 COPY loadtests ./loadtests
-RUN pip install . \
+# Serving and its onnxruntime backend only; `pip install '.[train]'` or '.[bench]' adds
+# the offline trainer's or the benches' plotting on top.
+RUN pip install '.[onnx]' \
  && python -c "import torch; assert torch.__version__.split('+')[0] == '${TORCH_VERSION}', torch.__version__"
 
 # ---------------------------------------------------------------- GPU image
@@ -60,9 +63,10 @@ COPY deploy/gpu_requirements.py ./deploy/gpu_requirements.py
 RUN python deploy/gpu_requirements.py pyproject.toml > /tmp/requirements-gpu.txt \
  && cat /tmp/requirements-gpu.txt \
  && pip install -r /tmp/requirements-gpu.txt
+COPY state_store ./state_store
 COPY model ./model
 COPY service ./service
-COPY state_store ./state_store
+COPY training ./training
 COPY loadtests ./loadtests
 RUN pip install --no-deps .
 # best effort: the service does not depend on them

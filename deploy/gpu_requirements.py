@@ -3,12 +3,13 @@
 
 ``onnxruntime-gpu`` replaces ``onnxruntime``: both ship the ``onnxruntime`` import
 package, so installing both leaves whichever came last (usually the CPU one). The
-base dependencies of pyproject.toml name ``onnxruntime``, so ``pip install '.[gpu]'``
-would co-install them. Instead the image installs:
+base dependencies of pyproject.toml name neither (the ``onnx`` extra has the CPU one,
+the ``gpu`` extra the GPU one), and this list never lets the CPU one in. The image
+installs:
 
-1. ``python gpu_requirements.py pyproject.toml``: the base dependencies with
-   ``onnxruntime`` swapped for the ``gpu`` extra's ``onnxruntime-gpu``, without torch
-   (installed first, pinned) and without the sdist-only CUDA extensions;
+1. ``python gpu_requirements.py pyproject.toml``: the base dependencies and the
+   ``gpu`` extra (``onnxruntime-gpu``), without torch (installed first, pinned), without
+   any ``onnxruntime``, and without the sdist-only CUDA extensions;
 2. ``python gpu_requirements.py --optional pyproject.toml``: those extensions
    (mamba-ssm, causal-conv1d), installed best effort with ``--no-build-isolation``;
 3. the package itself with ``pip install --no-deps .``;

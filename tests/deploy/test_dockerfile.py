@@ -158,6 +158,10 @@ def test_final_images_run_as_non_root_with_healthcheck(parsed, target):
     assert max(i for i, k in enumerate(kws) if k == "RUN") < kws.index("USER")
 
 
+# `pip install .` or `pip install '.[extra,...]'`: the package itself
+PACKAGE_INSTALL = re.compile(r"pip install '?\.(\[[\w,]+\])?'?(\s|$)")
+
+
 def test_torch_pinned_and_installed_first(parsed):
     args, st = parsed
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -166,12 +170,12 @@ def test_torch_pinned_and_installed_first(parsed):
     assert args["TORCH_VERSION"] == "2.13.0"
     assert "torch==2.13.0" in (REPO / "Makefile").read_text()
     build = next(
-        s for s in st if any("pip install ." in r for r in run_lines(s)) and s.name != "gpu"
+        s for s in st if any(PACKAGE_INSTALL.search(r) for r in run_lines(s)) and s.name != "gpu"
     )
     runs = [expand(r, {**args, **stage_args(build, args)}) for r in run_lines(build)]
     torch_i = next(i for i, r in enumerate(runs) if "torch==2.13.0" in r)
     assert "--index-url https://download.pytorch.org/whl/cpu" in runs[torch_i]
-    pkg_i = next(i for i, r in enumerate(runs) if re.search(r"pip install \.(\s|$)", r))
+    pkg_i = next(i for i, r in enumerate(runs) if PACKAGE_INSTALL.search(r))
     assert torch_i < pkg_i, "torch must be installed before the package (as in the Makefile)"
     gpu = stages_by_name(st)["gpu"]
     gpu_runs = [expand(r, {**args, **stage_args(gpu, args)}) for r in run_lines(gpu)]
@@ -312,7 +316,7 @@ def test_dockerignore_keeps_what_the_build_copies(parsed):
     for src in sources:
         assert not is_ignored(src), f".dockerignore excludes {src}, which the Dockerfile copies"
         assert not is_ignored(f"{src}/x.py") or not (REPO / src).is_dir(), src
-    for pkg in ("model", "service", "state_store", "loadtests"):
+    for pkg in ("model", "service", "state_store", "training", "loadtests"):
         assert (REPO / pkg).is_dir(), pkg
         assert pkg in sources, f"package {pkg} (pyproject packages.find) is not copied"
     assert (REPO / "deploy" / "gpu_requirements.py").is_file()
