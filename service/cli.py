@@ -81,7 +81,10 @@ DELEGATED = {
         "loadtests.accuracy_replay",
         "stream a dataset into a running service and report AP/AUC",
     ),
-    "bench": ("loadtests.bench", "benchmarks: `bench store`, `bench pipeline`, `bench all`"),
+    "bench": (
+        "loadtests.bench",
+        "benchmarks: `bench store`, `bench pipeline`, `bench gpu`, `bench all`",
+    ),
     "export-onnx": (
         "model.onnx.cli",
         "export step and read-out/head graphs for the onnxruntime backend",
