@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         reason="needs CUDA: torch sees no GPU here (CPU build or no device); run on a GPU machine"
     )
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
 
 

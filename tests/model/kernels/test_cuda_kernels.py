@@ -19,14 +19,13 @@ import copy
 import pytest
 import torch
 
-from model.checkpoint import load_checkpoint
+from model.checkpoint import BUNDLED_CHECKPOINT, load_checkpoint
 from model.kernels.dispatch import KernelAdvancer, kernel_advancer
 from model.kernels.ops import TWIN_OPS, KernelOps, load_mamba_ops
 from model.link_model import DygMambaLinkModel
 from model.node_ids import node_keys
 from model.node_state import NeighbourLists, NodeStates
 from model.streaming import advance, score_nodes
-from service.settings import DEFAULT_CHECKPOINT
 from tests.support.histories import stream_histories
 from training.data import read_edge_stream
 
@@ -47,7 +46,7 @@ def ops() -> KernelOps:
 def floor_model() -> DygMambaLinkModel:
     """The bundled checkpoint's weights with the step floor of new checkpoints (it was
     saved before the field existed): the kernel path needs delta_min > 0."""
-    ck = load_checkpoint(DEFAULT_CHECKPOINT)
+    ck = load_checkpoint(BUNDLED_CHECKPOINT)
     model = DygMambaLinkModel(ck.config.with_updates(delta_min=1e-4))
     model.load_state_dict(ck.model.state_dict())
     return model.eval()
