@@ -260,8 +260,13 @@ def test_nothing_falls_back_when_only_the_cpu_is_asked_for(backends):
 def test_cuda_provider_scores_like_torch(default_export):
     """On a GPU machine with onnxruntime-gpu: the scoring graph runs on the CUDA provider
     and its logits equal torch's within 1e-5."""
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip(
+            "onnxruntime-gpu is not installed here (the CPU onnxruntime has no CUDA provider)"
+        )
     out, _ = default_export
     onnx_model = OnnxLinkModel.from_checkpoint(DEFAULT_CHECKPOINT, out)
+    # listed but not started (CUDA 13 / cuDNN 9 libraries missing) is a failure on a GPU machine
     assert onnx_model.session_providers["readout_head"][0] == "CUDAExecutionProvider", (
         f"scoring graph on {onnx_model.session_providers} (onnxruntime-gpu, CUDA 13, cuDNN 9?)"
     )
