@@ -5,6 +5,8 @@
   starts itself: the store bench, the pipeline bench, and the HTTP service under
   the replay load generator (ingest in batches of 1,000; single GET /v1/score at
   200 requests/s; POST /v1/score with 1,000 pairs), written to the report.
+* ``bench gpu``: cold rebuilds, backfill and scoring on a GPU (``loadtests.gpu_bench``);
+  its section of the report is kept by ``bench all``.
 * ``bench pipeline [--redis-url URL]``: the service engine in process on a real
   Redis (started here on a free loopback port when no URL is given): ingest of a
   real stream in batches of 1,000 events, batch scoring of 1,000 pairs from cached
@@ -30,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from loadtests.gpu_bench import extract_section
 from model.events import NodeEvent, pad_events
 from model.node_state import NodeStates
 from service.engine import Engine, ModelRuntime, node_events
@@ -450,6 +453,7 @@ def bench_all(
     from loadtests.store_bench import run_store_bench
 
     out.mkdir(parents=True, exist_ok=True)
+    gpu_section = extract_section(doc.read_text()) if doc.exists() else None
     load_before = os.getloadavg()
     proc, redis_url, workdir = _start_redis()
     sections: list[str] = []
@@ -510,6 +514,8 @@ def bench_all(
             "",
             store.get("markdown", ""),
             "",
+            # The GPU section comes from `dygserve bench gpu` on a GPU machine: kept as is.
+            *([gpu_section, ""] if gpu_section else []),
             GOALS,
         ]
     )
@@ -519,10 +525,23 @@ def bench_all(
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # Subcommands with their own parsers get every flag after their name (argparse's
+    # REMAINDER would stop at a leading option).
+    if argv and argv[0] == "store":
+        from loadtests.store_bench import main as store_main
+
+        return int(store_main(argv[1:]) or 0)
+    if argv and argv[0] == "gpu":
+        from loadtests.gpu_bench import main as gpu_main
+
+        return int(gpu_main(argv[1:]) or 0)
     p = argparse.ArgumentParser(prog="dygserve bench")
     sub = p.add_subparsers(dest="what", required=True)
     store = sub.add_parser("store", add_help=False)
     store.add_argument("rest", nargs=argparse.REMAINDER)
+    gpu = sub.add_parser("gpu", add_help=False)
+    gpu.add_argument("rest", nargs=argparse.REMAINDER)
     pipe = sub.add_parser("pipeline")
     pipe.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     pipe.add_argument("--data", type=Path, default=Path("../shared/data/uci/edges.csv.gz"))
@@ -547,10 +566,6 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--backends: a comma-separated list of torch and onnx, not {args.backends!r}")
         print(bench_all(args.checkpoint, args.data, args.doc, args.out, backends, args.workers))
         return 0
-    if args.what == "store":
-        from loadtests.store_bench import main as store_main
-
-        return int(store_main(args.rest) or 0)
     torch.set_num_threads(1)
     print(
         bench_pipeline(

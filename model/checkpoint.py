@@ -30,6 +30,14 @@ WEIGHTS_FILE = "weights.safetensors"
 CHECKSUMS_FILE = "checksums.json"
 METRICS_FILE = "metrics.json"
 CHECKPOINT_FORMAT = "dygserve-checkpoint/1"
+# Config fields added after some checkpoints were saved, with the value that reproduces
+# what those checkpoints compute. A field's default in ``ModelConfig`` is for new models;
+# a checkpoint whose config.json lacks the field loads with the value here, so one model
+# version (a hash of the file as saved) always means the same numbers, and its states
+# stored under that version stay valid. ``delta_min``: checkpoints trained before the
+# event step had a floor (zero gaps did not decay); they still serve on every CPU path
+# and on torch's CUDA path, but not through mamba-ssm's kernels (u = Delta_in x / 0).
+LEGACY_CONFIG_DEFAULTS: dict[str, Any] = {"delta_min": 0.0}
 # The checkpoint shipped with the code (and copied into the image): what `serve`,
 # `backfill` and the benches load when no other is named.
 BUNDLED_CHECKPOINT = Path(__file__).resolve().parents[1] / "checkpoints" / "default"
@@ -123,7 +131,7 @@ def load_checkpoint(directory: str | Path) -> LoadedCheckpoint:
     # format change gives old checkpoints a new version, hence fresh state keys).
     version = model_version(doc, weights)
     try:
-        config = ModelConfig.model_validate(doc["model"])
+        config = ModelConfig.model_validate({**LEGACY_CONFIG_DEFAULTS, **doc["model"]})
     except Exception as exc:  # pydantic's ValidationError, missing key
         raise CheckpointError(f"invalid model config: {exc}") from exc
     model = DygMambaLinkModel(config)

@@ -30,7 +30,7 @@ from .events import EventInputs, NodeEvent, pack_events
 from .node_state import NeighbourLists, NodeStates
 from .pair_features import PAIR_FEATURE_DIM, pair_inputs
 from .rank_plan import RankPlan
-from .ssm import CACHE_BLOCK_ELEMENTS, LayerState, SelectiveSSMLayer, gap_units
+from .ssm import CACHE_BLOCK_ELEMENTS, LayerState, SelectiveSSMLayer, StepUpdate, gap_units
 from .time_encoding import make_time_encoder
 
 
@@ -70,7 +70,7 @@ class DygMambaLinkModel(nn.Module):
         token_in = c.d_time + c.edge_feature_dim + 2 + (c.d_node if c.node_hash_buckets else 0)
         self.token_proj = nn.Linear(token_in, c.d_model)
         self.layers = nn.ModuleList(
-            SelectiveSSMLayer(c.d_model, c.d_inner, c.d_state, c.d_conv, c.d_time)
+            SelectiveSSMLayer(c.d_model, c.d_inner, c.d_state, c.d_conv, c.d_time, c.delta_min)
             for _ in range(c.n_layers)
         )
         head_in = 0
@@ -159,11 +159,19 @@ class DygMambaLinkModel(nn.Module):
         )
 
     # ----- many events of many nodes, packed rank-major ---------------------------------
-    def apply_ranked(self, states0: NodeStates, ev: EventInputs, plan: RankPlan) -> NodeStates:
+    def apply_ranked(
+        self,
+        states0: NodeStates,
+        ev: EventInputs,
+        plan: RankPlan,
+        step_update: StepUpdate | None = None,
+    ) -> NodeStates:
         """Apply each node's events, packed rank-major by ``plan`` (ev fields shaped (E,)).
 
         ``states0`` and the result are in the caller's node order; the plan's sorting
         stays inside. Equal to folding ``step`` over each node's events (tested).
+        ``step_update``: run each rank's recurrence through mamba-ssm's
+        ``selective_state_update`` (or its twin) instead (``model.kernels``).
         """
         if plan.num_events == 0:
             return states0.clone()
@@ -194,6 +202,7 @@ class DygMambaLinkModel(nn.Module):
                 windows,
                 tails,
                 need_outputs=not last_layer,
+                step_update=step_update,
             )
             r = out if out is not None else r
             hs.append(new.h)

@@ -8,13 +8,25 @@ event (in units of the fitted scale), one step is::
     x, z   = split(W_in RMSNorm(r))
     xc     = SiLU(depthwise_conv([tail, x]) + b_conv)          # conv over event index
     B, C   = W_B xc, W_C xc                                     # selective (data-dependent)
-    d_dec  = softplus(lam) * g                                  # decay step: LINEAR in the gap
+    d_dec  = clamp(softplus(lam) * g, delta_min, delta_max)     # event decay step, per channel
     d_in   = softplus(W_dt phi(g) + b_dt)                       # input step: time-encoded gap
     h     <- exp(A * d_dec) * h + (d_in * xc) (x) B              # A = -exp(A_log) < 0, S4D-real
     y      = h C + D * xc ;   r <- r + W_out(y * SiLU(z))
 
-The decay is linear in the gap, so decaying by a then by b equals decaying by a+b
-(``decay``), and a zero-gap event still adds input through ``d_in`` > 0.
+This is exactly mamba's recurrence ``h <- exp(Delta A) h + Delta B u; y = C h`` with
+``Delta = d_dec`` and ``u = d_in * xc / d_dec`` (``kernel_input``), which is why the
+step has a floor and a ceiling (DESIGN "Decisions"):
+
+* ``delta_min`` (a config field, > 0 in new checkpoints) keeps the division defined
+  for zero gaps; a zero-gap event decays by exp(A * delta_min) ~ 1 and still adds input.
+* ``delta_max`` (per channel, derived from A: ``delta_max``) is where every state of
+  the channel has decayed below the flush floor; a longer step changes nothing here
+  (the decay is 0 either way) but would push u towards float32's subnormals.
+
+``D``, the gate and the projections stay outside the recurrence, so mamba-ssm's fused
+kernels (``model.kernels``) compute this layer's recurrence unchanged. A query decays
+by ``softplus(lam) * g`` with no floor or ceiling (``decay``): linear in the gap, so
+decaying by a then by b equals decaying by a+b.
 
 Two entry points over the same parameters:
 
@@ -23,6 +35,8 @@ Two entry points over the same parameters:
   serving advance. Everything but the recurrence runs once over all events; the
   recurrence h <- a h + u walks the ranks on a prefix slice of the node states.
   It computes exactly what folding ``step`` computes, in fewer, larger operations.
+  With a ``step_update`` (mamba-ssm's ``selective_state_update`` or its CPU twin,
+  ``model.kernels``) each rank is one call of that kernel instead.
 * ``scan``: padded per-node event sequences from a given initial state. It is a
   genuinely different computation from folding ``step``: the conv runs as one
   grouped ``conv1d`` over [tail, x], and the recurrence h_t = a_t h_{t-1} + b_t is
@@ -34,6 +48,7 @@ Two entry points over the same parameters:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +68,18 @@ MAX_GAP_UNITS = 1e30
 # read-out). A subtraction costs a third of a masked select (measured).
 LOG_DECAY_FLOOR = -60.0
 _FLOOR_FACTOR = math.exp(LOG_DECAY_FLOOR)
+# An event's decay step is capped per channel where A * Delta reaches this for every
+# state of the channel (``SelectiveSSMLayer.delta_max``): one unit below the flush floor,
+# so float32 rounding of the product cannot land above it, and every decay of a capped
+# step is exactly 0 on the CPU paths (exp(-61) = 3e-27 in the fused kernels, which do
+# not flush). Without the cap a gap of 1e30 units would make Delta ~ 1e30 and the
+# kernel input u = Delta_in * x / Delta subnormal or 0.
+DELTA_MAX_LOG_DECAY = LOG_DECAY_FLOOR - 1.0
+
+# mamba_ssm's ``selective_state_update(state, x, dt, A, B, C)``: one step of every row of
+# ``state`` (N, d_inner, d_state), updated IN PLACE (exp(dt A) state + dt B x), returning
+# the read-out (N, d_inner) = state . C. The CUDA (Triton) kernel or its CPU twin.
+StepUpdate = Callable[..., torch.Tensor]
 
 
 # Elementwise passes over (rows, d_inner, d_state) float32 blocks run several times
@@ -111,9 +138,18 @@ def gap_units(gap: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 class SelectiveSSMLayer(nn.Module):
-    def __init__(self, d_model: int, d_inner: int, d_state: int, d_conv: int, d_time: int) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        d_inner: int,
+        d_state: int,
+        d_conv: int,
+        d_time: int,
+        delta_min: float = 0.0,
+    ) -> None:
         super().__init__()
         self.d_model, self.d_inner, self.d_state, self.d_conv = d_model, d_inner, d_state, d_conv
+        self.delta_min = delta_min
         self.norm = RMSNorm(d_model)
         self.in_proj = nn.Linear(d_model, 2 * d_inner, bias=False)
         self.conv_weight = nn.Parameter(torch.empty(d_inner, d_conv))
@@ -144,8 +180,35 @@ class SelectiveSSMLayer(nn.Module):
 
     # ----- shared pieces -------------------------------------------------------------
     def log_decay_rate(self) -> torch.Tensor:
-        """A * softplus(lam): (d_inner, d_state), all < 0. Log-decay per gap unit."""
+        """A * softplus(lam): (d_inner, d_state), all < 0. Log-decay per gap unit (queries)."""
         return -torch.exp(self.A_log) * F.softplus(self.decay_rate).unsqueeze(-1)
+
+    def state_matrix(self) -> torch.Tensor:
+        """A = -exp(A_log): (d_inner, d_state), all < 0 (mamba's ``A``)."""
+        return -torch.exp(self.A_log)
+
+    def delta_max(self) -> torch.Tensor:
+        """(d_inner,): the event step at which A * Delta <= ``DELTA_MAX_LOG_DECAY`` for every
+        state of the channel (the slowest state, max_n A[c, n], reaches it exactly).
+        A bound, not a learned quantity: no gradient flows through it."""
+        return DELTA_MAX_LOG_DECAY / self.state_matrix().detach().amax(-1)
+
+    def event_delta(self, g: torch.Tensor) -> torch.Tensor:
+        """An event's decay step, (..., d_inner) for gaps ``g`` (...) in units:
+        clamp(softplus(lam) * g, delta_min, delta_max), mamba's Delta."""
+        d = F.softplus(self.decay_rate) * g.unsqueeze(-1)
+        return torch.minimum(d.clamp(min=self.delta_min), self.delta_max())
+
+    def event_log_decay(self, delta: torch.Tensor) -> torch.Tensor:
+        """A * Delta, (..., d_inner, d_state), for event steps ``delta`` (..., d_inner): the
+        product in the kernels' order (Delta per channel first, then times A)."""
+        return self.state_matrix() * delta.unsqueeze(-1)
+
+    @staticmethod
+    def kernel_input(dx: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """mamba's u for an input term ``dx`` = d_in * xc: u = dx / Delta, so that the
+        kernels' Delta * B * u is this layer's (d_in * xc) B. 0 where Delta is 0 (padding)."""
+        return torch.where(delta > 0, dx / torch.where(delta > 0, delta, 1.0), 0.0)
 
     def initial_state(self, n: int, device: torch.device | None = None) -> LayerState:
         return LayerState(
@@ -171,7 +234,8 @@ class SelectiveSSMLayer(nn.Module):
         xc = F.silu((window * self.conv_weight).sum(-1) + self.conv_bias)
         b, c = self.x_proj(xc).split(self.d_state, dim=-1)
         d_in = F.softplus(self.dt_proj(phi))
-        h = self.decay(state.h, g) + (d_in * xc).unsqueeze(-1) * b.unsqueeze(1)
+        decay = decay_factor(self.event_log_decay(self.event_delta(g)))
+        h = decay * state.h + (d_in * xc).unsqueeze(-1) * b.unsqueeze(1)
         y = (h * c.unsqueeze(1)).sum(-1) + self.D * xc
         out = r + self.out_proj(y * F.silu(z))
         return out, LayerState(h=h, conv=window[:, :, 1:])
@@ -188,6 +252,7 @@ class SelectiveSSMLayer(nn.Module):
         tails: torch.Tensor,
         need_outputs: bool = True,
         block_elements: int = CACHE_BLOCK_ELEMENTS,
+        step_update: StepUpdate | None = None,
     ) -> tuple[torch.Tensor | None, LayerState]:
         """Apply E packed events (rank-major, ``plan``) to N nodes in the plan's sorted order.
 
@@ -197,7 +262,8 @@ class SelectiveSSMLayer(nn.Module):
         is never read) and the new state. Decays and inputs are materialised for runs
         of ranks of at most ``block_elements`` floats (one rank at least), so memory
         stays bounded for long cold rebuilds and the elementwise passes over a block
-        run in cache.
+        run in cache. With ``step_update`` (mamba's ``selective_state_update``) each
+        rank is one call of it on the prefix of the node states instead.
         """
         n, k1, di = plan.num_nodes, self.d_conv - 1, self.d_inner
         x, z = self.in_proj(self.norm(r)).chunk(2, dim=-1)  # (E, di)
@@ -212,14 +278,40 @@ class SelectiveSSMLayer(nn.Module):
         xc = F.silu(acc + self.conv_bias)
         b, c = self.x_proj(xc).split(self.d_state, dim=-1)  # (E, ds)
         dx = F.softplus(self.dt_proj(phi)) * xc  # (E, di)
-        rate = self.log_decay_rate()
-        h = state0.h.clone()  # final states; nodes without events keep theirs
-        hc = torch.empty_like(xc) if need_outputs else None  # h C per event
+        delta = self.event_delta(g)  # (E, di)
+        if step_update is None:
+            h, hc = self._ranked_recurrence(
+                state0.h, dx, delta, b, c, plan, need_outputs, block_elements
+            )
+        else:
+            h, hc = self._ranked_step_kernel(state0.h, dx, delta, b, c, plan, step_update)
+        tail = src[tails].transpose(1, 2).contiguous() if k1 else state0.conv.clone()
+        out = None
+        if need_outputs:
+            assert hc is not None
+            out = r + self.out_proj((hc + self.D * xc) * F.silu(z))
+        return out, LayerState(h=h, conv=tail)
+
+    def _ranked_recurrence(
+        self,
+        h0: torch.Tensor,
+        dx: torch.Tensor,
+        delta: torch.Tensor,
+        b: torch.Tensor,
+        c: torch.Tensor,
+        plan: RankPlan,
+        need_outputs: bool,
+        block_elements: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """h <- a h + u rank by rank, on blocks of ranks: (final states, h . C per event)."""
+        a_mat = self.state_matrix()
+        h = h0.clone()  # final states; nodes without events keep theirs
+        hc = torch.empty_like(dx) if need_outputs else None  # h C per event
         offsets = plan.offsets.tolist()
         last = plan.last_event().to(h.device)
         has = torch.from_numpy(plan.lengths > 0).to(h.device)
-        per_event = di * self.d_state
-        prev = state0.h  # the states before the current rank, row j = sorted node j
+        per_event = self.d_inner * self.d_state
+        prev = h0  # the states before the current rank, row j = sorted node j
         k = 0
         while k < len(plan.counts):
             # A run of ranks [k, k_end) whose decays and inputs fit the budget.
@@ -230,7 +322,7 @@ class SelectiveSSMLayer(nn.Module):
             ):
                 k_end += 1
             base, stop = offsets[k], offsets[k_end]
-            a = decay_factor_(rate * g[base:stop, None, None])
+            a = decay_factor_(a_mat * delta[base:stop, :, None])
             # u holds each event's input and becomes the state after that event: one
             # fused multiply-add per rank, reading the previous rank's block.
             u = dx[base:stop, :, None] * b[base:stop, None, :]
@@ -246,11 +338,37 @@ class SelectiveSSMLayer(nn.Module):
             ends_here = has & (last >= base) & (last < stop)
             h[ends_here] = u[last[ends_here] - base]
             k = k_end
-        tail = src[tails].transpose(1, 2).contiguous() if k1 else state0.conv.clone()
-        out = None
-        if hc is not None:
-            out = r + self.out_proj((hc + self.D * xc) * F.silu(z))
-        return out, LayerState(h=h, conv=tail)
+        return h, hc
+
+    def _ranked_step_kernel(
+        self,
+        h0: torch.Tensor,
+        dx: torch.Tensor,
+        delta: torch.Tensor,
+        b: torch.Tensor,
+        c: torch.Tensor,
+        plan: RankPlan,
+        step_update: StepUpdate,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One ``selective_state_update`` per rank, in place on the prefix of the node
+        states that has a k-th event (rows past a node's last event are never touched,
+        so each row ends as its node's final state)."""
+        h = h0.clone().contiguous()
+        u = self.kernel_input(dx, delta)
+        a_mat = self.state_matrix().contiguous()
+        hc = torch.empty_like(dx)
+        offsets = plan.offsets.tolist()
+        for k, rows in enumerate(plan.counts.tolist()):
+            base = offsets[k]
+            hc[base : base + rows] = step_update(
+                h[:rows],
+                u[base : base + rows],
+                delta[base : base + rows],
+                a_mat,
+                b[base : base + rows],
+                c[base : base + rows],
+            )
+        return h, hc
 
     # ----- padded sequences ------------------------------------------------------------
     def scan(
@@ -286,15 +404,15 @@ class SelectiveSSMLayer(nn.Module):
         d_in = F.softplus(self.dt_proj(phi))
         vmask = valid.to(xc.dtype)
         u = ((d_in * xc) * vmask.unsqueeze(-1)).unsqueeze(-1) * b.unsqueeze(2)  # (N,T,di,ds)
-        g = g * vmask  # padding: zero gap, zero input -> identity
+        # Padding: step 0 (after the clamp, which would floor it) and zero input -> identity.
+        delta = self.event_delta(g) * vmask.unsqueeze(-1)  # (N, T, di)
 
-        rate = self.log_decay_rate()  # (di, ds)
         h = state0.h
         ys, all_states = [], []
         for start in range(0, t_len, chunk):
             stop = min(start + chunk, t_len)
-            # Per-position decay a_t = exp(A lam g_t) and input b_t; fold h into b_0.
-            a = decay_factor(rate * g[:, start:stop, None, None])  # (N, q, di, ds)
+            # Per-position decay a_t = exp(A Delta_t) and input b_t; fold h into b_0.
+            a = decay_factor(self.event_log_decay(delta[:, start:stop]))  # (N, q, di, ds)
             b = u[:, start:stop]
             b = torch.cat([(b[:, :1] + a[:, :1] * h.unsqueeze(1)), b[:, 1:]], dim=1)
             # Hillis-Steele inclusive scan of the affine maps h -> a h + b:

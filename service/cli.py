@@ -58,8 +58,14 @@ def _serve(args: argparse.Namespace) -> int:
 def _backfill(args: argparse.Namespace) -> int:
     from .backfill import backfill
 
-    stats = backfill(args.checkpoint, args.redis_url, batch=args.batch)
-    print(stats)
+    report = backfill(
+        args.checkpoint,
+        args.redis_url,
+        batch=args.batch,
+        device=args.device,
+        progress=not args.no_progress,
+    )
+    print(report.summary())
     return 0
 
 
@@ -75,7 +81,10 @@ DELEGATED = {
         "loadtests.accuracy_replay",
         "stream a dataset into a running service and report AP/AUC",
     ),
-    "bench": ("loadtests.bench", "benchmarks: `bench store`, `bench pipeline`, `bench all`"),
+    "bench": (
+        "loadtests.bench",
+        "benchmarks: `bench store`, `bench pipeline`, `bench gpu`, `bench all`",
+    ),
     "export-onnx": (
         "model.onnx.cli",
         "export step and read-out/head graphs for the onnxruntime backend",
@@ -113,7 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     backfill.add_argument("--checkpoint", default=None)
     backfill.add_argument("--redis-url", dest="redis_url", required=True)
-    backfill.add_argument("--batch", type=int, default=1000)
+    backfill.add_argument(
+        "--batch", type=int, default=2000, help="nodes per history read (then batched by length)"
+    )
+    backfill.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the batch scan runs (auto: CUDA when torch sees a GPU)",
+    )
+    backfill.add_argument("--no-progress", action="store_true", help="no progress bar")
     backfill.set_defaults(func=_backfill)
 
     return parser

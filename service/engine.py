@@ -29,12 +29,13 @@ import torch
 
 from model.checkpoint import LoadedCheckpoint, load_checkpoint
 from model.events import ROLE_DST, ROLE_SRC, NodeEvent, endpoint_events
+from model.kernels.dispatch import kernel_advancer
 from model.node_ids import node_key, node_keys
 from model.node_state import NeighbourLists, NodeStates, StateCodec
 from model.numpy_scorer import NumpyScorer
 from model.protocol import ServedModel
 from model.rank_plan import RankPlan
-from model.streaming import advance, score_nodes
+from model.streaming import score_nodes
 from state_store.applier import LoggedBatch, apply_logged, redrive
 from state_store.base import LoggedEvent, NewEvent, StateStore
 from state_store.faults import maybe_crash
@@ -96,6 +97,9 @@ class ModelRuntime:
             self.model = self.advance_model = checkpoint.model.to(self.device)
         self.config = checkpoint.config
         self.version = checkpoint.version
+        # What advances states: mamba-ssm's kernels on CUDA where they run, else torch's
+        # rank-major path (model/kernels/dispatch.py); /v1/model and a metric show which.
+        self.kernels = kernel_advancer(self.advance_model, self.device)
         self.codec = StateCodec(self.config, self.version)
         # The torch backend's kernel for calls of a few pairs (model/numpy_scorer.py).
         self.numpy_scorer = NumpyScorer(checkpoint.model) if backend == "torch" else None
@@ -141,7 +145,7 @@ class ModelRuntime:
             [per_node[i] for i in order],
         )
         states, lists = self.decode(blobs)
-        new = advance(self.advance_model, states.to(self.device), per_node).to("cpu")
+        new = self.kernels.advance(states.to(self.device), per_node).to("cpu")
         return dict(zip(nodes, self.codec.encode_many(new, lists.extended(per_node)), strict=True))
 
 

@@ -61,6 +61,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.background = BackgroundTasks()
     app.state.ready = False
     metrics.set_model_version(runtime.version)
+    metrics.set_kernel_path(runtime.kernels.path)
     redrive_task = asyncio.create_task(_redrive_loop(app))
     try:
         await run_in_threadpool(engine.redrive)

@@ -19,6 +19,8 @@ from prometheus_client import (
     multiprocess,
 )
 
+from model.kernels.dispatch import KERNEL_PATHS
+
 LATENCY_BUCKETS = (
     0.0005,
     0.001,
@@ -64,6 +66,12 @@ STORE_LATENCY = Histogram(
 MODEL_INFO = Gauge(
     "dygserve_model_info", "the loaded model version", ["version"], multiprocess_mode="liveall"
 )
+KERNEL_PATH = Gauge(
+    "dygserve_kernel_path",
+    "1 for the computation that advances node states (mamba-ssm, torch-cuda, torch-cpu)",
+    ["path"],
+    multiprocess_mode="liveall",
+)
 IN_FLIGHT = Gauge(
     "dygserve_in_flight_requests", "requests in progress", multiprocess_mode="livesum"
 )
@@ -74,6 +82,12 @@ def set_model_version(version: str, previous: str | None = None) -> None:
     if previous is not None and previous != version:
         MODEL_INFO.labels(version=previous).set(0)
     MODEL_INFO.labels(version=version).set(1)
+
+
+def set_kernel_path(path: str) -> None:
+    """1 for ``path``, 0 for the other paths (model/kernels/dispatch.py, KERNEL_PATHS)."""
+    for p in {*KERNEL_PATHS, path}:
+        KERNEL_PATH.labels(path=p).set(1 if p == path else 0)
 
 
 def render() -> tuple[bytes, str]:

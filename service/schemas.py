@@ -184,11 +184,23 @@ class ReloadRequest(_Strict):
     )
 
 
+class KernelInfo(BaseModel):
+    path: str = Field(
+        description="what advances node states: mamba-ssm (its fused kernels on CUDA),"
+        " torch-cuda or torch-cpu (torch's rank-major path)"
+    )
+    reason: str = Field(description="why not the kernels (empty on the kernel path)")
+    scoring_providers: list[str] | None = Field(
+        description="onnxruntime providers the scoring graph really runs on (backend onnx)"
+    )
+
+
 class ModelInfo(BaseModel):
     model_version: str
     checkpoint: str
     backend: str
     device: str = Field(description="where the model runs: cpu or cuda[:n]")
+    kernels: KernelInfo
     config: dict
     metrics: dict
 

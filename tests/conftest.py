@@ -15,6 +15,19 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("DYGSERVE_DATA", REPO.parent / "shared" / "data"))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` need CUDA: skipped, with the reason, where torch sees none
+    (their CPU counterparts run everywhere; docs/BENCHMARKS.md lists what to run on a GPU)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(
+        reason="needs CUDA: torch sees no GPU here (CPU build or no device); run on a GPU machine"
+    )
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     if not (DATA / "uci" / "edges.csv.gz").exists():

@@ -10,13 +10,16 @@ n_events + 1) happens here, in the same dtypes as the PyTorch model.
 ``scan`` is provided as a fold of ``step``.
 
 Providers: ``CUDAExecutionProvider`` then ``CPUExecutionProvider``, filtered to what
-``onnxruntime.get_available_providers()`` lists. onnxruntime-gpu falls back to the CPU
-silently when CUDA cannot start, so ``providers`` reports what the sessions actually
-use (``InferenceSession.get_providers()``), not what was asked for.
+``onnxruntime.get_available_providers()`` lists (with onnxruntime-gpu the scoring graph
+runs on the CUDA provider). onnxruntime-gpu lists CUDA whenever it was compiled in and
+falls back to the CPU when CUDA cannot start, so ``providers`` reports what the sessions
+actually use (``InferenceSession.get_providers()``, read after the sessions are created),
+``fallen_back`` what was asked for and did not start (logged as a warning).
 """
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +36,8 @@ from ..pair_features import PAIR_FEATURE_DIM, pair_id_columns
 from ..streaming import score_gathered
 from .export import export_loaded
 from .manifest import READOUT_HEAD_OUTPUTS, STEP_OUTPUTS, OnnxManifestError, read_manifest
+
+log = logging.getLogger("dygserve")
 
 PREFERRED_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
@@ -97,6 +102,16 @@ class OnnxLinkModel:
             "step": tuple(self._step.get_providers()),
             "readout_head": tuple(self._readout.get_providers()),
         }
+        if self.fallen_back:
+            # onnxruntime-gpu lists CUDA among its available providers whenever it was
+            # compiled in; a session still falls back to the CPU (with an error line of its
+            # own) when the CUDA/cuDNN libraries it wants cannot be loaded.
+            log.warning(
+                "onnxruntime: asked for %s, the sessions run on %s (providers %s could not start)",
+                list(self.requested_providers),
+                self.session_providers,
+                list(self.fallen_back),
+            )
 
     # ----- construction ------------------------------------------------------------------
     @classmethod
@@ -150,6 +165,13 @@ class OnnxLinkModel:
     ) -> torch.Tensor:
         """The graph scores whole pairs: gather each pair's states, then score."""
         return score_gathered(self, states, lists, keys, iu, iv, tau)
+
+    @property
+    def fallen_back(self) -> tuple[str, ...]:
+        """Providers asked for that some session does not run on (e.g. CUDA without its
+        libraries), in the order asked; empty when every session got what it asked for."""
+        running = set(self.session_providers["step"]) & set(self.session_providers["readout_head"])
+        return tuple(p for p in self.requested_providers if p not in running)
 
     @property
     def providers(self) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from ..deps import EngineDep, SettingsDep
 from ..engine import Engine, ModelRuntime, RequestRefused
 from ..errors import ERROR_RESPONSES
 from ..gc_tuning import refreeze
-from ..schemas import ModelInfo, ReloadRequest
+from ..schemas import KernelInfo, ModelInfo, ReloadRequest
 
 log = logging.getLogger("dygserve")
 router = APIRouter(tags=["admin"], responses=ERROR_RESPONSES)
@@ -24,11 +24,18 @@ router = APIRouter(tags=["admin"], responses=ERROR_RESPONSES)
 
 def model_info(engine: Engine) -> ModelInfo:
     rt = engine.runtime
+    # The onnx backend's sessions report the providers they really got; torch has none.
+    providers = getattr(rt.model, "session_providers", {}).get("readout_head")
     return ModelInfo(
         model_version=rt.version,
         checkpoint=str(rt.checkpoint.path),
         backend=rt.backend,
         device=str(rt.device),
+        kernels=KernelInfo(
+            path=rt.kernels.path,
+            reason=rt.kernels.reason,
+            scoring_providers=list(providers) if providers is not None else None,
+        ),
         config=rt.config.model_dump(mode="json"),
         metrics=rt.checkpoint.metrics,
     )
@@ -62,6 +69,7 @@ async def reload(body: ReloadRequest, engine: EngineDep, settings: SettingsDep) 
         ) from exc
     old_version = engine.swap(runtime).version
     metrics.set_model_version(runtime.version, old_version)
+    metrics.set_kernel_path(runtime.kernels.path)
     log.info("reloaded: %s -> %s", old_version, runtime.version)
     # The old model is garbage once its last request ends; free its cycles, freeze the new one.
     await run_in_threadpool(refreeze)

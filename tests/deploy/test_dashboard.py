@@ -33,6 +33,7 @@ FIXED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "dygserve_cold_rebuilds_total": ("counter", frozenset()),
     "dygserve_store_latency_seconds": ("histogram", frozenset({"op"})),
     "dygserve_model_info": ("gauge", frozenset({"version"})),
+    "dygserve_kernel_path": ("gauge", frozenset({"path"})),
     "dygserve_in_flight_requests": ("gauge", frozenset()),
     "dygserve_http_requests_total": ("counter", frozenset({"route", "status"})),
 }

@@ -109,9 +109,9 @@ def stages(parsed) -> dict[str, Stage]:
 
 def test_multi_stage_default_target_is_slim_cpu(parsed):
     args, st = parsed
-    assert len(st) >= 3, "expected a build stage, the gpu stage and the CPU runtime"
+    assert len(st) >= 4, "expected the CPU build and runtime, the GPU build and the gpu image"
     names = [s.name for s in st]
-    assert "gpu" in names
+    assert "gpu" in names and "gpu-build" in names
     default = st[-1]  # `docker build` without --target builds the last stage
     assert default.name != "gpu"
     assert expand(default.base, args) == "python:3.11-slim"
@@ -121,6 +121,10 @@ def test_multi_stage_default_target_is_slim_cpu(parsed):
     )
     assert expand(stages_by_name(st)["gpu"].base, args).startswith("nvidia/cuda:")
     assert "runtime" in expand(stages_by_name(st)["gpu"].base, args)
+    # the kernels compile on the devel image of the same CUDA and Ubuntu (same python3)
+    devel = expand(stages_by_name(st)["gpu-build"].base, args)
+    assert devel == expand(stages_by_name(st)["gpu"].base, args).replace("runtime", "devel")
+    assert any("--from=gpu-build /opt/venv" in c for c in stages_by_name(st)["gpu"].all("COPY"))
 
 
 def stages_by_name(st: list[Stage]) -> dict[str, Stage]:
@@ -177,9 +181,14 @@ def test_torch_pinned_and_installed_first(parsed):
     assert "--index-url https://download.pytorch.org/whl/cpu" in runs[torch_i]
     pkg_i = next(i for i, r in enumerate(runs) if PACKAGE_INSTALL.search(r))
     assert torch_i < pkg_i, "torch must be installed before the package (as in the Makefile)"
-    gpu = stages_by_name(st)["gpu"]
+    gpu = stages_by_name(st)["gpu-build"]
     gpu_runs = [expand(r, {**args, **stage_args(gpu, args)}) for r in run_lines(gpu)]
-    assert any("torch==2.13.0" in r for r in gpu_runs)
+    torch_gpu = next(i for i, r in enumerate(gpu_runs) if "torch==2.13.0" in r)
+    # torch's CUDA build (its index named, CUDA 13 as onnxruntime-gpu wants), before the
+    # requirements and the kernels that need it
+    assert "--index-url https://download.pytorch.org/whl/cu130" in gpu_runs[torch_gpu]
+    assert torch_gpu < next(i for i, r in enumerate(gpu_runs) if "requirements-gpu" in r)
+    assert "13.0" in args["CUDA_RUNTIME_IMAGE"] and "13.0" in args["CUDA_DEVEL_IMAGE"]
 
 
 def _pip_installs(run: str) -> list[list[str]]:
@@ -194,7 +203,10 @@ def _pip_installs(run: str) -> list[list[str]]:
 
 
 def test_gpu_target_never_co_installs_onnxruntime(stages):
-    gpu = stages["gpu"]
+    gpu = stages["gpu-build"]
+    assert not any("pip install" in r for r in run_lines(stages["gpu"])), (
+        "the image copies the venv"
+    )
     for run in run_lines(gpu):
         for argv in _pip_installs(run):
             pkgs = [a.strip("'\"") for a in argv if not a.startswith("-")]
@@ -207,10 +219,72 @@ def test_gpu_target_never_co_installs_onnxruntime(stages):
                 assert "--no-deps" in argv, f"the package's own deps name onnxruntime: {run}"
     joined = " ".join(run_lines(gpu))
     assert "gpu_requirements.py" in joined and "--check-onnxruntime" in joined
-    mamba = [r for r in run_lines(gpu) if "MAMBA_FORCE_BUILD=TRUE" in r]
-    assert mamba, "mamba-ssm step missing"
-    assert "MAMBA_SKIP_CUDA_BUILD=TRUE" in mamba[0] and "--no-build-isolation" in mamba[0]
-    assert "||" in mamba[0], "the mamba-ssm install is best effort"
+    mamba = [r for r in run_lines(gpu) if "MAMBA_FORCE_BUILD=" in r]
+    assert len(mamba) == 1, "one mamba-ssm step"
+    step = mamba[0]
+    # the CUDA kernels are compiled (not skipped), in parallel, and required
+    assert "MAMBA_SKIP_CUDA_BUILD=FALSE" in step and "CAUSAL_CONV1D_SKIP_CUDA_BUILD=FALSE" in step
+    assert "--no-build-isolation" in step and "MAX_JOBS=" in step and "||" not in step
+    assert "selective_scan_cuda" in step and "causal_conv1d_cuda" in step
+    # ... for the named architectures: their setup.py cut down to TORCH_CUDA_ARCH_LIST
+    assert 'kernel_arches.py "${TORCH_CUDA_ARCH_LIST}" */setup.py' in step
+    assert "--no-binary=:all:" in step and "KERNELS_PREBUILT" in step
+
+
+def test_gpu_build_args_have_defaults(parsed):
+    args, _ = parsed
+    for name in ("TORCH_CUDA_INDEX", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "KERNELS_PREBUILT"):
+        assert args.get(name), name
+    assert args["KERNELS_PREBUILT"] in ("TRUE", "FALSE")
+    assert "9.0" in args["TORCH_CUDA_ARCH_LIST"]  # H100/H200
+
+
+KERNEL_ARCHES = REPO / "deploy" / "kernel_arches.py"
+# The layout of mamba-ssm 2.3's and causal-conv1d 1.7's setup.py (written here, not copied).
+SETUP_PY = """
+cc_flag = []
+if not SKIP:
+    cc_flag.append("-gencode")
+    cc_flag.append("arch=compute_80,code=sm_80")
+    if version >= 11.8:
+        cc_flag.append("-gencode")
+        cc_flag.append("arch=compute_90,code=sm_90")
+    if version >= 12.8:
+        cc_flag.append("-gencode")
+        cc_flag.append("arch=compute_100,code=sm_100")
+        cc_flag.append("-gencode")
+        cc_flag.append("arch=compute_120,code=sm_120")
+"""
+
+
+def test_kernel_arches_keeps_only_the_named_architectures(tmp_path):
+    setup = tmp_path / "setup.py"
+    setup.write_text(SETUP_PY)
+    r = subprocess.run(
+        [sys.executable, str(KERNEL_ARCHES), "9.0+PTX", str(setup)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    out = setup.read_text()
+    assert "code=sm_90" in out and "sm_80" not in out and "sm_100" not in out
+    assert "sm_120" not in out and out.count('cc_flag.append("-gencode")') == 1
+    namespace: dict = {"SKIP": False, "version": 13.0}
+    exec(out, namespace)  # the emptied if-blocks hold `pass`: it still runs
+    assert namespace["cc_flag"] == ["-gencode", "arch=compute_90,code=sm_90"]
+    two = tmp_path / "two.py"
+    two.write_text(SETUP_PY)
+    subprocess.run([sys.executable, str(KERNEL_ARCHES), "8.0;10.0", str(two)], check=True)
+    assert "sm_80" in two.read_text() and "sm_100" in two.read_text()
+    assert "sm_90" not in two.read_text()
+    for text, arch in ((SETUP_PY, "7.5"), ("print('no gencode here')", "9.0")):
+        bad = tmp_path / "bad.py"
+        bad.write_text(text)
+        r = subprocess.run(
+            [sys.executable, str(KERNEL_ARCHES), arch, str(bad)], capture_output=True, text=True
+        )
+        assert r.returncode != 0 and bad.read_text() == text  # refused, file untouched
 
 
 def test_gpu_requirements_swap_onnxruntime():
@@ -320,6 +394,7 @@ def test_dockerignore_keeps_what_the_build_copies(parsed):
         assert (REPO / pkg).is_dir(), pkg
         assert pkg in sources, f"package {pkg} (pyproject packages.find) is not copied"
     assert (REPO / "deploy" / "gpu_requirements.py").is_file()
+    assert (REPO / "deploy" / "kernel_arches.py").is_file()
 
 
 def test_dockerignore_excludes_local_state():
@@ -337,3 +412,4 @@ def test_dockerignore_excludes_local_state():
         assert is_ignored(p), p
     assert not is_ignored("checkpoints/default/weights.safetensors")
     assert not is_ignored("deploy/gpu_requirements.py")
+    assert not is_ignored("deploy/kernel_arches.py")

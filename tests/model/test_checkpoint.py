@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from safetensors.torch import load_file, save_file
 from model.checkpoint import CheckpointError, load_checkpoint, model_version, save_checkpoint
 from model.config import ModelConfig
 from model.link_model import DygMambaLinkModel
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
@@ -94,3 +97,22 @@ def test_missing_directory_is_refused(tmp_path):
 def test_weights_are_world_readable(ckpt):
     path, _, _ = ckpt
     assert (path / "weights.safetensors").stat().st_mode & 0o044 == 0o044
+
+
+def test_new_checkpoints_keep_their_step_floor(ckpt):
+    path, model, _ = ckpt
+    assert model.config.delta_min > 0
+    assert load_checkpoint(path).config.delta_min == model.config.delta_min
+
+
+def test_a_checkpoint_saved_before_the_step_floor_loads_without_it():
+    """checkpoints/default has no delta_min in its config.json: it keeps the recurrence it
+    was trained with (no floor) under the same model version, rather than silently new
+    numbers under an old version (whose states may already be in a store)."""
+    bundled = REPO / "checkpoints" / "default"
+    doc = json.loads((bundled / "config.json").read_text())
+    assert "delta_min" not in doc["model"]
+    loaded = load_checkpoint(bundled)
+    assert loaded.config.delta_min == 0.0
+    assert all(layer.delta_min == 0.0 for layer in loaded.model.ssm_layers())
+    assert loaded.version == json.loads((bundled / "checksums.json").read_text())["model_version"]

@@ -17,7 +17,7 @@ from model.config import ModelConfig
 from model.events import EventInputs
 from model.link_model import DygMambaLinkModel
 from model.node_state import NodeStates
-from model.ssm import LOG_DECAY_FLOOR
+from model.ssm import DELTA_MAX_LOG_DECAY, LOG_DECAY_FLOOR, decay_factor
 
 RTOL, ATOL = 1e-5, 1e-5
 
@@ -58,8 +58,16 @@ def reference_fold(
                 bc = p["x_proj.weight"] @ xc
                 b, c = bc[: layer.d_state], bc[layer.d_state :]
                 d_in = torch.nn.functional.softplus(p["dt_proj.weight"] @ phi + p["dt_proj.bias"])
-                a = -torch.exp(p["A_log"]) * torch.nn.functional.softplus(p["decay_rate"])[:, None]
-                h = torch.exp(a * g) * out_h[n, i] + (d_in * xc)[:, None] * b[None, :]
+                # The event step: clamp(softplus(lam) * g, delta_min, delta_max) per channel,
+                # delta_max where the slowest state of the channel reaches exp(-61).
+                a_mat = -torch.exp(p["A_log"])
+                delta_max = DELTA_MAX_LOG_DECAY / a_mat.max(dim=1).values
+                step = torch.nn.functional.softplus(p["decay_rate"]) * g
+                step = torch.minimum(step.clamp(min=cfg.delta_min), delta_max)
+                h = (
+                    torch.exp(a_mat * step[:, None]) * out_h[n, i]
+                    + (d_in * xc)[:, None] * b[None, :]
+                )
                 y = h @ c + p["D"] * xc
                 r = r + p["out_proj.weight"] @ (y * torch.nn.functional.silu(z))
                 out_h[n, i] = h
@@ -132,6 +140,7 @@ configs = st.builds(
     d_time=st.integers(1, 8),
     node_hash_buckets=st.sampled_from([0, 7]),
     d_node=st.just(4),
+    delta_min=st.sampled_from([0.0, 1e-4, 0.05]),  # 0: checkpoints saved before the floor
 )
 
 
@@ -261,3 +270,93 @@ def test_zero_gap_event_still_adds_input():
     with torch.no_grad():
         s1 = model.step(s0, ev)
     assert s1.h.abs().sum() > 0
+
+
+def _one_event(t: float, key: int = 3) -> EventInputs:
+    return EventInputs(
+        torch.tensor([key]),
+        torch.tensor([0]),
+        torch.zeros(1, 0),
+        torch.tensor([t], dtype=torch.float64),
+        torch.tensor([1]),
+    )
+
+
+def _carried_state(cfg: ModelConfig, t_last: float) -> NodeStates:
+    s0 = NodeStates.initial(1, cfg)
+    s0.h.normal_(generator=torch.Generator().manual_seed(0))
+    s0.t_last[:] = t_last
+    s0.n_events[:] = 1
+    return s0
+
+
+@pytest.mark.parametrize("delta_min", [1e-4, 0.05])
+def test_event_step_is_clamped_between_the_floor_and_the_flush(delta_min):
+    layer = DygMambaLinkModel(ModelConfig(delta_min=delta_min)).ssm_layers()[0]
+    with torch.no_grad():
+        d = layer.event_delta(torch.tensor([0.0, 1e-12, 1.0, 1e30]))
+        d_max = layer.delta_max()
+        lam = torch.nn.functional.softplus(layer.decay_rate)
+        assert torch.equal(d[0], torch.full_like(d[0], delta_min))  # zero gap: the floor
+        assert torch.equal(d[1], torch.full_like(d[1], delta_min))
+        torch.testing.assert_close(d[2], lam.clamp(min=delta_min).minimum(d_max))
+        assert torch.equal(d[3], d_max)  # huge gap: the cap
+        # At the cap every state of every channel has flushed to exactly 0.
+        log_decay = layer.event_log_decay(d_max)
+        assert float(log_decay.max()) <= LOG_DECAY_FLOOR - 0.99
+        assert torch.equal(decay_factor(log_decay), torch.zeros_like(log_decay))
+        # ... and the slowest state of each channel sits right at DELTA_MAX_LOG_DECAY.
+        torch.testing.assert_close(log_decay.amax(-1), torch.full_like(d_max, DELTA_MAX_LOG_DECAY))
+
+
+def test_zero_gap_event_decays_by_the_floor_only():
+    """A zero-gap step is exp(A delta_min) h + input: compare two states one event apart."""
+    cfg = ModelConfig(delta_min=0.05)
+    model = DygMambaLinkModel(cfg).eval()
+    s0 = _carried_state(cfg, 7.0)
+    zero = NodeStates.initial(1, cfg)
+    zero.t_last[:], zero.n_events[:] = 7.0, 1
+    layer = model.ssm_layers()[0]
+    with torch.no_grad():
+        with_h = model.step(s0, _one_event(7.0)).h
+        input_only = model.step(zero, _one_event(7.0)).h
+        expected = torch.exp(layer.state_matrix() * 0.05) * s0.h[0, 0]
+    torch.testing.assert_close((with_h - input_only)[0, 0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_without_a_floor_a_zero_gap_keeps_the_state():
+    """delta_min = 0 (a checkpoint saved before the field): the old recurrence exactly."""
+    cfg = ModelConfig(delta_min=0.0)
+    model = DygMambaLinkModel(cfg).eval()
+    s0 = _carried_state(cfg, 7.0)
+    zero = NodeStates.initial(1, cfg)
+    zero.t_last[:], zero.n_events[:] = 7.0, 1
+    with torch.no_grad():
+        diff = model.step(s0, _one_event(7.0)).h - model.step(zero, _one_event(7.0)).h
+    torch.testing.assert_close(diff, s0.h, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("gap", [1e9, 1e25, 1e300])
+def test_huge_gap_event_forgets_the_state_exactly(gap):
+    cfg = ModelConfig(n_layers=2)
+    model = DygMambaLinkModel(cfg).eval()
+    s0 = _carried_state(cfg, 0.0)
+    zero = NodeStates.initial(1, cfg)
+    zero.t_last[:], zero.n_events[:] = 0.0, 1
+    zero.conv[:] = s0.conv
+    with torch.no_grad():
+        a = model.step(s0, _one_event(gap)).h
+        b = model.step(zero, _one_event(gap)).h
+    assert torch.isfinite(a).all() and torch.equal(a, b)
+
+
+def test_queries_decay_without_the_floor():
+    """A query at the node's own time keeps its state (no floor): decay composition."""
+    cfg = ModelConfig(delta_min=0.05)
+    model = DygMambaLinkModel(cfg).eval()
+    h = torch.randn(2, cfg.n_layers, cfg.d_inner, cfg.d_state)
+    t = torch.tensor([5.0, 5.0], dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(model.decay(h, t, t), h)
+        tiny = model.decay(h, t, t + 1e-9 * cfg.time_norm.scale)
+    assert float((tiny - h).abs().max()) < 1e-6  # not the floor's exp(A * 0.05)

@@ -110,6 +110,42 @@ def test_ranked_agrees_with_the_scan():
     torch.testing.assert_close(ranked.conv, scanned.conv, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("delta_min", [0.0, 1e-4, 0.05])
+@pytest.mark.parametrize("route", ["ranked", "ranked_small_blocks"])
+def test_ranked_scan_and_step_agree_on_zero_and_huge_gaps(delta_min, route, monkeypatch):
+    """The clamp of the event step (floor at zero gaps, cap at huge ones) is the same in
+    the rank-major kernel, the scan and the step, from carried and initial states."""
+    torch.manual_seed(7)
+    cfg = ModelConfig(edge_feature_dim=2, n_layers=2, delta_min=delta_min)
+    model = DygMambaLinkModel(cfg).eval()
+    gen = torch.Generator().manual_seed(8)
+    per_node = _events((6, 30, 1, 12, 0), 10.0, gen)
+    # zero gaps everywhere in one node, a huge gap (every decay flushed) in two others
+    per_node[0] = [e._replace(t=per_node[0][0].t) for e in per_node[0]]
+    for i in (1, 3):
+        k = len(per_node[i]) // 2
+        per_node[i] = per_node[i][:k] + [e._replace(t=e.t + 1e18) for e in per_node[i][k:]]
+    if route == "ranked_small_blocks":
+        layer_ranked = type(model.layers[0]).ranked
+        monkeypatch.setattr(
+            type(model.layers[0]),
+            "ranked",
+            lambda self, *a, **k: layer_ranked(self, *a, **{**k, "block_elements": 500}),
+        )
+    s0 = _carried_states(len(per_node), cfg, gen)
+    s0.t_last = torch.where(torch.isfinite(s0.t_last), 5.0, s0.t_last)
+    ranked = streaming.advance(model, s0, per_node)
+    ev, lengths = pad_events(per_node, cfg.edge_feature_dim)
+    with torch.no_grad():
+        scanned, _ = model.scan(s0, ev, lengths, chunk=8)
+    for i, events in enumerate(per_node):
+        ref = _fold_step(model, s0, i, events)
+        torch.testing.assert_close(ranked.h[i : i + 1], ref.h, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(scanned.h[i : i + 1], ref.h, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ranked.conv[i : i + 1], ref.conv, rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(ranked.h).all()
+
+
 def test_no_events_leaves_states_unchanged():
     cfg = ModelConfig()
     model = DygMambaLinkModel(cfg).eval()

@@ -111,6 +111,15 @@ def test_model_health_and_metrics(service, client):
     ):
         assert name in text, name
     assert f'dygserve_model_info{{version="{info["model_version"]}"}} 1.0' in text
+    # The state-advance path, in /v1/model and as a metric (on this machine: torch on the
+    # CPU; a GPU machine shows mamba-ssm or torch-cuda, with the reason).
+    kernels = info["kernels"]
+    if not torch.cuda.is_available():
+        assert kernels["path"] == "torch-cpu" and kernels["reason"] == "no CUDA device"
+    assert kernels["scoring_providers"] is None  # the torch backend
+    assert f'dygserve_kernel_path{{path="{kernels["path"]}"}} 1.0' in text
+    others = {"mamba-ssm", "torch-cuda", "torch-cpu"} - {kernels["path"]}
+    assert all(f'dygserve_kernel_path{{path="{p}"}} 0.0' in text for p in others)
 
 
 def test_openapi_documents_the_contract(client):

@@ -26,7 +26,10 @@ def test_onnx_backend_serves_the_same_numbers(tmp_path, models_dir):
         try:
             with svc.client() as c:
                 assert c.post("/v1/events", json=body).json()["accepted"] == 40
-                assert c.get("/v1/model").json()["backend"] == backend
+                info = c.get("/v1/model").json()
+                assert info["backend"] == backend
+                if backend == "onnx":  # the providers the scoring session really got
+                    assert "CPUExecutionProvider" in info["kernels"]["scoring_providers"]
                 results[backend] = [
                     s["logit"] for s in c.post("/v1/score", json=pairs).json()["scores"]
                 ]

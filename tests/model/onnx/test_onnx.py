@@ -229,6 +229,50 @@ def test_cpu_provider_reported(backends):
             assert onnx_model.providers == ("CPUExecutionProvider",)
 
 
+def test_cuda_asked_for_but_unusable_falls_back_to_the_cpu(default_export, monkeypatch, caplog):
+    """onnxruntime-gpu on a machine whose CUDA libraries it cannot load lists CUDA among
+    its available providers (compiled in) and the session falls back to the CPU. Listed
+    here the same way: the runtime asks for CUDA, reads the providers the sessions really
+    got, reports the fallback, logs it, and scores on the CPU with the same numbers."""
+    out, _ = default_export
+    real = ort.get_available_providers()
+    if "CUDAExecutionProvider" in real:
+        pytest.skip("CUDA provider usable here: no fallback to observe")
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", *real])
+    with caplog.at_level("WARNING", logger="dygserve"):
+        onnx_model = OnnxLinkModel.from_checkpoint(DEFAULT_CHECKPOINT, out)
+    assert onnx_model.requested_providers == ("CUDAExecutionProvider", "CPUExecutionProvider")
+    assert onnx_model.providers == ("CPUExecutionProvider",)
+    assert onnx_model.session_providers["readout_head"] == ("CPUExecutionProvider",)
+    assert onnx_model.fallen_back == ("CUDAExecutionProvider",)
+    assert "could not start" in caplog.text
+    _check_batch(load_checkpoint(DEFAULT_CHECKPOINT).model, onnx_model, 16)
+
+
+def test_nothing_falls_back_when_only_the_cpu_is_asked_for(backends):
+    for _, onnx_model in backends.values():
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            assert onnx_model.requested_providers == ("CPUExecutionProvider",)
+            assert onnx_model.fallen_back == ()
+
+
+@pytest.mark.gpu
+def test_cuda_provider_scores_like_torch(default_export):
+    """On a GPU machine with onnxruntime-gpu: the scoring graph runs on the CUDA provider
+    and its logits equal torch's within 1e-5."""
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip(
+            "onnxruntime-gpu is not installed here (the CPU onnxruntime has no CUDA provider)"
+        )
+    out, _ = default_export
+    onnx_model = OnnxLinkModel.from_checkpoint(DEFAULT_CHECKPOINT, out)
+    # listed but not started (CUDA 13 / cuDNN 9 libraries missing) is a failure on a GPU machine
+    assert onnx_model.session_providers["readout_head"][0] == "CUDAExecutionProvider", (
+        f"scoring graph on {onnx_model.session_providers} (onnxruntime-gpu, CUDA 13, cuDNN 9?)"
+    )
+    _check_batch(load_checkpoint(DEFAULT_CHECKPOINT).model, onnx_model, 4096)
+
+
 def test_cuda_provider(backends):
     torch_model, onnx_model = backends["default"]
     if "CUDAExecutionProvider" not in onnx_model.providers:
