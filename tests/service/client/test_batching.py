@@ -13,7 +13,9 @@ from service.client import BatchLimits, PayloadTooLarge, ValidationFailed, event
 from service.client.batching import (
     EVENTS_ENVELOPE,
     IngestPlan,
+    body_of,
     cut,
+    encode_rows,
     prepare_events,
     random_event_ids,
 )
@@ -92,3 +94,17 @@ def test_plan_bodies_are_the_rows_and_answers_map_back_to_input_indices():
     assert (result.accepted, result.duplicates, result.requests) == (3, 3, 3)
     assert result.rejected == [Rejected(index=4, reason="late")] and not result.applied
     assert result.event_ids == [r["event_id"] for r in plan.rows]
+
+
+def test_a_call_that_fits_is_one_request_with_the_same_bytes():
+    events = [
+        {"src": f"n{i}", "dst": "hub", "t": i * 0.1, "features": [1e-300, -2.5]} for i in range(50)
+    ]
+    one = IngestPlan.build(events, BatchLimits(), validate=True, assign_ids=True)
+    assert len(one.batches) == 1 and one.batches[0].rows == range(50)
+    assert one.batches[0].body == body_of(b"events", encode_rows(one.rows))
+    assert json.loads(one.batches[0].body)["events"] == one.rows  # floats exact
+    tight = BatchLimits(max_body_bytes=len(one.batches[0].body) - 1)  # one byte short
+    two = IngestPlan.build(one.rows, tight, validate=True, assign_ids=True)
+    assert len(two.batches) == 2 and two.rows == one.rows
+    assert IngestPlan.build([], BatchLimits(), validate=True, assign_ids=True).batches == []
