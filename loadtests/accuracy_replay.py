@@ -15,9 +15,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import numpy as np
 
+from service.client import ClientConfig, DygserveClient
 from training.data import EdgeStream, chronological_split, read_edge_stream
 from training.metrics import average_precision, roc_auc
 
@@ -56,9 +56,22 @@ def random_queries(stream: EdgeStream, mask: np.ndarray, seed: int) -> list[Quer
 
 
 class ServiceClient:
-    def __init__(self, url: str, api_key: str | None, timeout: float = 60.0) -> None:
-        headers = {"X-API-Key": api_key} if api_key else {}
-        self.http = httpx.Client(base_url=url, headers=headers, timeout=timeout)
+    """The replay's view of the service, on ``service.client.DygserveClient``: events
+    go with ids derived from the dataset and row (a rerun against the same store is
+    answered as duplicates, not applied twice), cut under the client's limits, retried
+    on 503 and dropped connections; scores come back in query order."""
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None,
+        timeout: float = 60.0,
+        *,
+        client: DygserveClient | None = None,
+    ) -> None:
+        self.client = client or DygserveClient(
+            ClientConfig(url=url, api_key=api_key, timeout_s=timeout)
+        )
 
     def ingest(self, stream: EdgeStream, index: np.ndarray, batch: int) -> None:
         for start in range(0, len(index), batch):
@@ -73,24 +86,18 @@ class ServiceClient:
                 }
                 for i in rows
             ]
-            r = self.http.post("/v1/events", json={"events": events})
-            r.raise_for_status()
-            body = r.json()
-            if body["rejected"]:
-                raise RuntimeError(f"service rejected events: {body['rejected'][:3]}")
+            result = self.client.ingest(events)
+            if result.rejected:
+                raise RuntimeError(f"service rejected events: {result.rejected[:3]}")
 
-    def score(self, queries: list[Query], batch: int = 5000) -> list[float]:
-        logits: list[float] = []
+    def close(self) -> None:
+        self.client.close()
+
+    def score(self, queries: list[Query]) -> list[float]:
         if not queries:
-            return logits
-        for start in range(0, len(queries), batch):
-            part = queries[start : start + batch]
-            r = self.http.post(
-                "/v1/score", json={"pairs": [{"src": q.src, "dst": q.dst, "t": q.t} for q in part]}
-            )
-            r.raise_for_status()
-            logits += [s["logit"] for s in r.json()["scores"]]
-        return logits
+            return []
+        answer = self.client.score_pairs({"src": q.src, "dst": q.dst, "t": q.t} for q in queries)
+        return [s.logit for s in answer.scores]
 
 
 def replay(
@@ -175,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         read_queries(args.queries) if args.queries else random_queries(stream, mask, args.seed)
     )
     client = ServiceClient(args.url, args.api_key)
-    logits = replay(client, stream, start, queries, args.batch, progress=True)
+    try:
+        logits = replay(client, stream, start, queries, args.batch, progress=True)
+    finally:
+        client.close()
     labels = np.array([q.label for q in queries])
     scores = np.array(logits)
     ap, auc = average_precision(labels, scores), roc_auc(labels, scores)

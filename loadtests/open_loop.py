@@ -1,9 +1,11 @@
 """Open-loop latency of ``GET /v1/score`` at a fixed request rate, light on the client.
 
-The async replay generator (``replay_load``, httpx) spends about a millisecond of client
-CPU per request; on a 2-core machine that also runs the service and Redis, that CPU is
-taken from the system under test and shows up in what it measures. This generator
-sends from a few threads over keep-alive ``http.client`` connections instead.
+The async replay generator (``replay_load``, on the httpx-based ``service.client``)
+spends about a millisecond of client CPU per request; on a 2-core machine that also runs
+the service and Redis, that CPU is taken from the system under test and shows up in what
+it measures. This generator therefore does NOT use ``service.client``: it sends from a
+few threads over keep-alive ``http.client`` connections, and reads no answer body into a
+model (it only needs the status), so the latency it reports is the service's.
 
 Open loop: request k is due at ``start + k / rate`` whatever happened before, and its
 latency is counted from that due time, so a server that stalls shows up as queueing in

@@ -46,9 +46,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import numpy as np
-import orjson
 
 from loadtests.report import (
     ROUTE_EVENTS,
@@ -57,11 +55,22 @@ from loadtests.report import (
     LoadReport,
     Recorder,
 )
+from service.client import (
+    AsyncDygserveClient,
+    Attempt,
+    ClientConfig,
+    DygserveError,
+    InvalidResponse,
+    RetryPolicy,
+)
 
 NON_FEATURE_COLUMNS = ("src", "dst", "ts", "label")  # as training/data.py: label is no feature
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
-JSON_HEADERS = {"Content-Type": "application/json"}
+ROUTES = {
+    ("POST", "/v1/events"): ROUTE_EVENTS,
+    ("GET", "/v1/score"): ROUTE_SCORE_GET,
+    ("POST", "/v1/score"): ROUTE_SCORE_POST,
+}
 
 
 # --------------------------------------------------------------------------- data
@@ -203,7 +212,7 @@ class LoadConfig:
     ordering: str = "gated"  # gated | free
     event_ids: bool = True
     wait: bool = True  # False: POST /v1/events?wait=false (answered once logged, applied behind)
-    retries: int = 2  # per batch, on 429/502/503/504 and transport errors
+    retries: int = 2  # per request, on 502/503/504 and transport errors (service.client)
     timeout: float = 30.0
     api_key: str | None = None
     allow_remote: bool = False
@@ -250,7 +259,7 @@ class _Batch:
     shift: float  # time added to every event (loop passes)
     pass_no: int
     nodes: frozenset[str]
-    body: bytes
+    events: list[dict[str, Any]]
     t: np.ndarray  # shifted times of the rows
 
 
@@ -292,7 +301,7 @@ def _make_batch(
     nodes = frozenset(table.src[rows.start : rows.stop]) | frozenset(
         table.dst[rows.start : rows.stop]
     )
-    return _Batch(index, rows, shift, pass_no, nodes, orjson.dumps({"events": events}), t)
+    return _Batch(index, rows, shift, pass_no, nodes, events, t)
 
 
 class _Run:
@@ -300,13 +309,12 @@ class _Run:
         self,
         cfg: LoadConfig,
         table: EventTable,
-        client: httpx.AsyncClient,
         rec: Recorder,
         stop: asyncio.Event,
     ) -> None:
         self.cfg = cfg
         self.table = table
-        self.client = client
+        self.client: AsyncDygserveClient | None = None  # set by run_load, hooked to observe()
         self.rec = rec
         self.stop = stop  # no new batches / queries
         self.rng = random.Random(cfg.seed)
@@ -333,32 +341,31 @@ class _Run:
             self.stop_reason = "too_many_errors"
             self.stop.set()
 
-    async def _request(self, route: str, method: str, path: str, **kw: Any) -> tuple[str, Any]:
-        """One attempt; returns (status, decoded JSON body or None). Records it."""
-        t0 = time.perf_counter()
-        try:
-            r = await self.client.request(method, path, **kw)
-        except httpx.HTTPError as e:
-            status = f"transport:{type(e).__name__}"
-            self.rec.request(route, status, -1.0)
-            self.rec.error_sample(status, str(e))
-            self._note_failure()
-            return status, None
-        lat = time.perf_counter() - t0
-        status = str(r.status_code)
-        if r.status_code == 200:
-            try:
-                body = orjson.loads(r.content)
-            except orjson.JSONDecodeError:
-                status = "invalid_body"
-                body = None
+    @property
+    def http(self) -> AsyncDygserveClient:
+        assert self.client is not None, "run_load sets the client"
+        return self.client
+
+    def observe(self, attempt: Attempt) -> None:
+        """The client's hook: every HTTP attempt, retries included, is recorded."""
+        route = ROUTES.get((attempt.method, attempt.path))
+        if route is None:  # /readyz while waiting for the service
+            return
+        if attempt.status is None:
+            status, latency = f"transport:{attempt.error}", -1.0
         else:
-            body = None
-        self.rec.request(route, status, lat)
+            status, latency = str(attempt.status), attempt.latency_s
+        self.rec.request(route, status, latency)
+        if attempt.retry_in_s is not None:
+            self.rec.retries += 1
         if status != "200":
-            self.rec.error_sample(status, r.text)
+            self.rec.error_sample(status, attempt.detail or "")
             self._note_failure()
-        return status, body
+
+    def _invalid_body(self, exc: InvalidResponse) -> None:
+        # Recorded as a 200 by observe(); the body is what failed.
+        self.rec.error_sample("invalid_body", str(exc))
+        self._note_failure()
 
     async def _sleep_or_stop(self, delay: float, ev: asyncio.Event) -> bool:
         """Sleep ``delay`` seconds; True when ``ev`` was set meanwhile."""
@@ -424,38 +431,18 @@ class _Run:
         n = len(batch.rows)
         self.rec.events_sent += n
         self.rec.event_batches += 1
-        for attempt in range(self.cfg.retries + 1):
-            if attempt:
-                self.rec.retries += 1
-                await asyncio.sleep(min(1.0, 0.05 * 2 ** (attempt - 1)))
-            status, body = await self._request(
-                ROUTE_EVENTS,
-                "POST",
-                "/v1/events" if self.cfg.wait else "/v1/events?wait=false",
-                content=batch.body,
-                headers=JSON_HEADERS,
-            )
-            if status == "200":
-                break
-            retryable = status.startswith("transport:") or (
-                status.isdigit() and int(status) in RETRY_STATUSES
-            )
-            if not retryable or self.stop.is_set():
-                break
-        if status != "200" or not isinstance(body, dict):
+        try:
+            result = await self.http.ingest(batch.events, wait=self.cfg.wait)
+        except InvalidResponse as exc:
+            self._invalid_body(exc)
             self.rec.events_batch_failed(n)
             return
-        rejected = body.get("rejected") or []
-        reasons = [
-            str(r.get("reason", "unknown")) if isinstance(r, dict) else "unknown" for r in rejected
-        ]
-        bad = {
-            int(r["index"])
-            for r in rejected
-            if isinstance(r, dict) and isinstance(r.get("index"), int)
-        }
+        except DygserveError:  # each failed attempt was recorded by observe()
+            self.rec.events_batch_failed(n)
+            return
+        bad = {r.index for r in result.rejected}
         self.rec.events_batch_done(
-            n, int(body.get("accepted", 0)), int(body.get("duplicates", 0)), reasons
+            n, result.accepted, result.duplicates, [r.reason for r in result.rejected]
         )
         lo = batch.rows.start
         for k in range(n):
@@ -475,6 +462,9 @@ class _Run:
         b = self.recent[self.rng.randrange(len(self.recent))]
         return a[0], b[1]
 
+    def _pairs(self, n: int) -> list[tuple[str, str]]:
+        return [self._pair() for _ in range(n)]
+
     async def score_worker(self, k: int, score_stop: asyncio.Event) -> None:
         cfg = self.cfg
         interval = cfg.score_concurrency / cfg.score_rate
@@ -492,21 +482,19 @@ class _Run:
             post = cfg.score_mode == "post" or (
                 cfg.score_mode == "mixed" and self.rng.random() < 0.5
             )
-            if post:
-                pairs = [self._pair() for _ in range(cfg.score_batch)]
-                body = orjson.dumps({"pairs": [{"src": s, "dst": d, "t": t} for s, d in pairs]})
-                status, resp = await self._request(
-                    ROUTE_SCORE_POST, "POST", "/v1/score", content=body, headers=JSON_HEADERS
-                )
-                if status == "200" and isinstance(resp, dict):
-                    self.rec.score_done(ROUTE_SCORE_POST, len(resp.get("scores") or []))
-            else:
-                s, d = self._pair()
-                status, resp = await self._request(
-                    ROUTE_SCORE_GET, "GET", "/v1/score", params={"src": s, "dst": d, "t": repr(t)}
-                )
-                if status == "200" and isinstance(resp, dict):
+            try:
+                if post:
+                    pairs = [{"src": s, "dst": d, "t": t} for s, d in self._pairs(cfg.score_batch)]
+                    answer = await self.http.score_pairs(pairs)
+                    self.rec.score_done(ROUTE_SCORE_POST, len(answer.scores))
+                else:
+                    s, d = self._pair()
+                    await self.http.score(s, d, t)
                     self.rec.score_done(ROUTE_SCORE_GET, 1)
+            except InvalidResponse as exc:
+                self._invalid_body(exc)
+            except DygserveError:  # recorded by observe()
+                pass
 
     async def progress(self, every: float, done: asyncio.Event) -> None:
         while not await self._sleep_or_stop(every, done):
@@ -519,21 +507,6 @@ class _Run:
                 file=sys.stderr,
                 flush=True,
             )
-
-
-async def wait_ready(client: httpx.AsyncClient, timeout: float) -> None:
-    deadline = time.perf_counter() + timeout
-    last = "no answer"
-    while time.perf_counter() < deadline:
-        try:
-            r = await client.get("/readyz")
-            if r.status_code == 200:
-                return
-            last = f"HTTP {r.status_code}"
-        except httpx.HTTPError as e:
-            last = type(e).__name__
-        await asyncio.sleep(0.25)
-    raise TimeoutError(f"service not ready after {timeout:g}s ({last})")
 
 
 async def run_load(
@@ -553,23 +526,16 @@ async def run_load(
             limit=None if cfg.loop else cfg.max_events,
             start_row=cfg.start_row,
         )
-    headers = {"X-API-Key": cfg.api_key} if cfg.api_key else {}
-    n_conn = cfg.concurrency + (cfg.score_concurrency if cfg.score_rate > 0 else 0) + 1
-    limits = httpx.Limits(max_connections=n_conn, max_keepalive_connections=n_conn)
-    async with httpx.AsyncClient(
-        base_url=cfg.url.rstrip("/"),
-        headers=headers,
-        timeout=cfg.timeout,
-        limits=limits,
-        trust_env=False,
-    ) as client:
+    rec = Recorder()
+    stop_ev = asyncio.Event()
+    run = _Run(cfg, table, rec, stop_ev)
+    async with AsyncDygserveClient(client_config(cfg), on_attempt=run.observe) as client:
+        run.client = client
         if cfg.wait_ready > 0:
-            await wait_ready(client, cfg.wait_ready)
-        rec = Recorder()
+            await client.wait_ready(cfg.wait_ready)
+            rec = run.rec = Recorder()  # the run's clock starts once the service is ready
         if on_recorder is not None:
             on_recorder(rec)
-        stop_ev = asyncio.Event()
-        run = _Run(cfg, table, client, rec, stop_ev)
         score_stop = asyncio.Event()
         done = asyncio.Event()
         producer = asyncio.create_task(run.producer())
@@ -617,6 +583,31 @@ async def run_load(
         elapsed=elapsed,
     )
     return report, {r: list(v) for r, v in rec.latencies.items()}
+
+
+def client_config(cfg: LoadConfig) -> ClientConfig:
+    """The client the generator drives the service with. Its events are well-formed by
+    construction and carry the generator's own ids (or none, with ``--no-event-ids``:
+    then a batch that fails after it may have been delivered is not resent), so the
+    client neither validates nor assigns: client CPU is taken from the service on a
+    shared machine. Retries: ``--retries`` per request, never earlier than Retry-After."""
+    n_conn = cfg.concurrency + (cfg.score_concurrency if cfg.score_rate > 0 else 0) + 1
+    return ClientConfig(
+        url=cfg.url,
+        api_key=cfg.api_key,
+        timeout_s=cfg.timeout,
+        connect_timeout_s=cfg.timeout,
+        retry=RetryPolicy(
+            max_attempts=cfg.retries + 1,
+            base_delay_s=0.05,
+            max_delay_s=1.0,
+            budget_s=max(60.0, cfg.timeout * (cfg.retries + 1)),
+        ),
+        validate_requests=False,
+        assign_event_ids=False,
+        max_connections=n_conn,
+        trust_env=False,
+    )
 
 
 def write_outputs(
@@ -727,7 +718,8 @@ def add_load_arguments(p: argparse.ArgumentParser, defaults: LoadConfig | None =
         "--event-ids",
         action=argparse.BooleanOptionalAction,
         default=d.event_ids,
-        help="send event_id with each event (retries become duplicates, not repeats)",
+        help="send event_id with each event (retries become duplicates, not repeats; without "
+        "ids a batch that fails after it may have been delivered is not resent)",
     )
     p.add_argument(
         "--wait",
@@ -739,7 +731,7 @@ def add_load_arguments(p: argparse.ArgumentParser, defaults: LoadConfig | None =
         "--retries",
         type=int,
         default=d.retries,
-        help="retries of a batch on 429/502/503/504 or a transport error",
+        help="retries of a request on 502/503/504 or a transport error (after Retry-After)",
     )
     p.add_argument("--timeout", type=float, default=d.timeout, help="per-request timeout (s)")
     p.add_argument(

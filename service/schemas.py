@@ -22,6 +22,12 @@ from model.node_ids import MAX_ID_BYTES
 MAX_ABS_TIME = 1e20  # |t| bound (ns since the epoch is ~1.8e18)
 MAX_FEATURE = 3.4028234663852886e38  # float32 max: features are cast to float32
 
+# Request limits of the contract, defined once: the service's defaults
+# (``service/settings.py``, ``DYGSERVE_MAX_*``) and the Python client's (``service/client``).
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_BATCH_EVENTS = 10_000
+DEFAULT_MAX_SCORE_PAIRS = 10_000
+
 
 def _node_id(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)):

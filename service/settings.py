@@ -27,6 +27,8 @@ from model.checkpoint import BUNDLED_CHECKPOINT
 from state_store.config import MemoryStoreConfig, StoreConfig
 from state_store.factory import is_memory_url
 
+from .schemas import DEFAULT_MAX_BATCH_EVENTS, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_SCORE_PAIRS
+
 DEFAULT_CHECKPOINT = BUNDLED_CHECKPOINT
 ENV_PREFIX = "DYGSERVE_"
 
@@ -75,9 +77,9 @@ class Settings(BaseSettings):
         None, description="required in X-API-Key on write and admin routes when set"
     )
 
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    max_batch_events: int = Field(10_000, ge=1)
-    max_score_pairs: int = Field(10_000, ge=1)
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024)
+    max_batch_events: int = Field(DEFAULT_MAX_BATCH_EVENTS, ge=1)
+    max_score_pairs: int = Field(DEFAULT_MAX_SCORE_PAIRS, ge=1)
     max_rank_candidates: int = Field(10_000, ge=1)
     max_in_flight: int = Field(64, ge=1, description="requests in progress beyond this get 503")
     loop_score_max_pairs: int = Field(

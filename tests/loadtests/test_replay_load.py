@@ -1,7 +1,8 @@
 """The load generator and the soak against a tiny real HTTP server.
 
-The server is a stand-in FastAPI app (defined here) that implements just the v1 shapes
-of ``POST /v1/events``, ``GET /v1/score`` and ``POST /v1/score`` (plus ``/readyz``), with a
+The server is a stand-in FastAPI app (defined here) that answers the v1 shapes of
+``POST /v1/events``, ``GET /v1/score`` and ``POST /v1/score`` (plus ``/readyz``; the
+generator reads the answers into the service's response models), with a
 per-node "late" check like the real service's default policy. It counts what it
 received, so the report's counts can be compared with the server's. It runs under
 uvicorn in a thread on a free loopback port.
@@ -108,7 +109,12 @@ def make_app(st: StandIn) -> FastAPI:
         st.c["accepted"] += accepted
         st.c["duplicates"] += duplicates
         st.c["rejected"] += len(rejected)
-        return {"accepted": accepted, "duplicates": duplicates, "rejected": rejected}
+        return {
+            "accepted": accepted,
+            "duplicates": duplicates,
+            "rejected": rejected,
+            "applied": True,
+        }
 
     @app.get("/v1/score")
     async def score_one(src: str, dst: str, t: float) -> dict:
@@ -121,6 +127,11 @@ def make_app(st: StandIn) -> FastAPI:
             "probability": 0.5,
             "logit": 0.0,
             "model_version": "standin",
+            "src_state_age": None,
+            "dst_state_age": None,
+            "src_inductive": True,
+            "dst_inductive": True,
+            "clamped": False,
         }
 
     @app.post("/v1/score")
@@ -372,7 +383,7 @@ def test_batches_in_order_and_loop_shifts_time(data_dir):
     assert [len(b.rows) for b in batches] == [100, 100, 50] * 2 + [100, 100]
     ts = [float(t) for b in batches for t in b.t]
     assert all(a <= b for a, b in zip(ts, ts[1:], strict=False)) and ts[250] > ts[249]
-    ids = [e["event_id"] for b in batches for e in json.loads(b.body)["events"]]
+    ids = [e["event_id"] for b in batches for e in b.events]
     assert len(ids) == len(set(ids)) == 700
     cfg.loop = False
     assert sum(len(r) for r, _, _ in _iter_batches(table, cfg)) == 250
