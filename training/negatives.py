@@ -3,8 +3,14 @@
 All samplers are seeded (``numpy.random.RandomState``), so the same negatives come
 out on every run. Node arguments are dense node indices (``IndexedStream``).
 
-* training: one random destination per positive, drawn from the training split's
-  destinations; the source and the timestamp are the positive's.
+* training (``TrainNegativeSampler``): one negative per positive, at the positive's
+  time. By default a random destination drawn from the training split's
+  destinations, with the positive's source. With ``historical_fraction`` > 0, that
+  share of the negatives are instead whole (src, dst) pairs drawn uniformly from the
+  distinct training edges first seen before the current batch and absent from it (the
+  historical negatives of the evaluation, made from the training split alone). Random
+  negatives alone teach the head that "this pair met before" means "positive", which
+  is exactly what historical and inductive evaluation negatives are built to defeat.
 * ``random`` (evaluation): the source is kept, the destination is drawn uniformly
   from every destination of the stream (DyGLib: ``full_data.dst_node_ids``).
 * ``historical``: whole (src, dst) pairs drawn without replacement from the edges
@@ -33,6 +39,45 @@ STRATEGIES = ("random", "historical", "inductive")
 def train_negatives(rng: np.random.Generator, train_dst: np.ndarray, size: int) -> np.ndarray:
     """One random training destination per positive."""
     return train_dst[rng.integers(0, len(train_dst), size)]
+
+
+class TrainNegativeSampler:
+    """Training negatives: random destinations, mixed with historical pairs."""
+
+    def __init__(
+        self, src: np.ndarray, dst: np.ndarray, num_nodes: int, historical_fraction: float = 0.0
+    ) -> None:
+        """``src``/``dst``: the training events in their training order."""
+        if not 0.0 <= historical_fraction <= 1.0:
+            raise ValueError("historical_fraction must be in [0, 1]")
+        self.src = np.asarray(src, dtype=np.int64)
+        self.dst = np.asarray(dst, dtype=np.int64)
+        self.num_nodes = num_nodes
+        self.historical_fraction = historical_fraction
+        self.train_dst = np.unique(self.dst)
+        self.code = self.src * num_nodes + self.dst
+        # Position of each distinct edge's first occurrence, in training order: the
+        # distinct edges seen before position b are first_seen[:searchsorted(first_seen, b)].
+        _, first = np.unique(self.code, return_index=True)
+        self.first_seen = np.sort(first)
+
+    def sample(self, rng: np.random.Generator, b0: int, b1: int) -> tuple[np.ndarray, np.ndarray]:
+        """(src, dst) of one negative for each training event in [b0, b1)."""
+        u = self.src[b0:b1]
+        neg_src, neg_dst = u.copy(), train_negatives(rng, self.train_dst, len(u))
+        if self.historical_fraction <= 0.0:
+            return neg_src, neg_dst  # the same draws as before the mix existed
+        known = int(np.searchsorted(self.first_seen, b0))
+        if known == 0:
+            return neg_src, neg_dst
+        pick = rng.random(len(u)) < self.historical_fraction
+        edge = self.first_seen[rng.integers(0, known, int(pick.sum()))]
+        # A historical pair that is also a positive of this batch is no negative: keep
+        # the random one there.
+        clash = np.isin(self.code[edge], self.code[b0:b1])
+        rows = np.flatnonzero(pick)[~clash]
+        neg_src[rows], neg_dst[rows] = self.src[edge[~clash]], self.dst[edge[~clash]]
+        return neg_src, neg_dst
 
 
 @dataclass

@@ -50,12 +50,13 @@ from model.node_state import NodeStates
 from model.pair_features import pair_inputs
 from model.time_encoding import fit_time_normalisation
 
+from .auto_config import AutoSettings, StreamProfile, choose_settings
 from .batches import IndexedStream, NodeEventIndex
 from .data import chronological_split, read_edge_stream
 from .evaluate import evaluate_model, validation_ap
 from .jsonable import jsonable
 from .metrics import average_precision, roc_auc
-from .negatives import train_negatives
+from .negatives import TrainNegativeSampler
 
 TRAIN_STATE_DIR = "train_state"
 SCAN_CHUNK = 1
@@ -114,11 +115,14 @@ class EpochRunner:
         index: NodeEventIndex,
         window: int,
         visibility: str,
+        historical_negatives: float = 0.0,
     ) -> None:
         self.model, self.data, self.events, self.index = model, data, train_events, index
         self.window, self.visibility = window, visibility
         self.catch_up_len = max(4 * window, 64)
-        self.train_dst = np.unique(data.dst[train_events])
+        self.negatives = TrainNegativeSampler(
+            data.src[train_events], data.dst[train_events], data.num_nodes, historical_negatives
+        )
         n = data.num_nodes
         self.anchor = NodeStates.initial(n, model.config)
         self.anchor_count = np.zeros(n, dtype=np.int64)  # events folded into the anchor
@@ -138,9 +142,9 @@ class EpochRunner:
         d, idx, cfg = self.data, self.index, self.model.config
         ev = self.events[b0:b1]
         u, v, t = d.src[ev], d.dst[ev], d.t[ev]
-        neg = train_negatives(rng, self.train_dst, len(ev))
-        q_nodes = np.concatenate([u, v, neg])
-        q_t = np.concatenate([t, t, t])
+        neg_src, neg_dst = self.negatives.sample(rng, b0, b1)
+        q_nodes = np.concatenate([u, v, neg_src, neg_dst])
+        q_t = np.concatenate([t, t, t, t])
         if self.visibility == "exact":
             q_m = idx.prefix_count(q_nodes, q_t)
         else:
@@ -214,9 +218,10 @@ class EpochRunner:
             keys = torch.from_numpy(d.keys[q_nodes])
             m_t = torch.from_numpy(q_m)
             last = torch.from_numpy(idx.last_time(q_nodes, q_m))
-            # Positives (u, v), then negatives (u, n): rows of the queries [u..., v..., n...].
-            a = torch.cat([torch.arange(n_q), torch.arange(n_q)])
-            b = torch.arange(n_q, 3 * n_q)
+            # Positives (u, v), then negatives (s, n): rows of the queries
+            # [u..., v..., s..., n...].
+            a = torch.cat([torch.arange(n_q), torch.arange(2 * n_q, 3 * n_q)])
+            b = torch.cat([torch.arange(n_q, 2 * n_q), torch.arange(3 * n_q, 4 * n_q)])
             pair, ids = pair_inputs(
                 cfg,
                 keys[a],
@@ -230,14 +235,15 @@ class EpochRunner:
                 last[b],
             )
         if z is not None:
-            z_u, z_v, z_n = z[:n_q], z[n_q : 2 * n_q], z[2 * n_q :]
-            logits = self.model.head_logit(torch.cat([z_u, z_u]), torch.cat([z_v, z_n]), pair, ids)
+            z_u, z_v = z[:n_q], z[n_q : 2 * n_q]
+            z_s, z_n = z[2 * n_q : 3 * n_q], z[3 * n_q :]
+            logits = self.model.head_logit(torch.cat([z_u, z_s]), torch.cat([z_v, z_n]), pair, ids)
         else:
             logits = self.model.head_logit(None, None, pair, ids)
         labels = torch.cat([torch.ones(n_q), torch.zeros(n_q)])
         loss = F.binary_cross_entropy_with_logits(logits, labels)
 
-        self.last_batch = {"src": u, "dst": v, "neg": neg, "t": t}
+        self.last_batch = {"src": u, "dst": v, "neg_src": neg_src, "neg": neg_dst, "t": t}
         # Commit the bookkeeping (anchors are detached copies).
         if new_anchor is not None:
             _set_rows(self.anchor, torch.from_numpy(touched), new_anchor)
@@ -305,6 +311,8 @@ def train(
     test_eval: bool = True,
     max_train_events: int | None = None,
     grad_clip: float = 1.0,
+    historical_negatives: float | None = None,
+    auto: bool = True,
 ) -> str:
     """Train on ``data_path``; save the best-validation checkpoint to ``out_dir``; return its version."""
     if visibility not in ("exact", "batch"):
@@ -324,6 +332,16 @@ def train(
     overrides = config.model_dump() if isinstance(config, ModelConfig) else dict(config or {})
     overrides.pop("time_norm", None)
     overrides.pop("edge_feature_dim", None)
+    # Stream-dependent settings come from the training split's statistics (auto_config);
+    # anything the caller set explicitly wins. A full ModelConfig is explicit throughout.
+    profile = StreamProfile.of(data.src[train_events], data.dst[train_events], data.t[train_events])
+    chosen = (
+        choose_settings(profile, overrides, historical_negatives)
+        if auto and not isinstance(config, ModelConfig)
+        else AutoSettings(historical_negatives=historical_negatives or 0.0)
+    )
+    overrides = {**chosen.config, **overrides}
+    historical_negatives = chosen.historical_negatives
     cfg = ModelConfig().with_updates(
         **overrides,
         edge_feature_dim=data.feature_dim,
@@ -358,6 +376,8 @@ def train(
         "seed": seed,
         "epochs": epochs,
         "patience": patience,
+        "historical_negatives": historical_negatives,
+        "auto": chosen.as_json(profile),
         "max_events": max_events,
         "max_train_events": max_train_events,
         "torch_threads": torch.get_num_threads(),
@@ -370,7 +390,9 @@ def train(
             break
         model.train()
         rng = np.random.default_rng([seed, epoch])
-        runner = EpochRunner(model, data, train_events, index, window, visibility)
+        runner = EpochRunner(
+            model, data, train_events, index, window, visibility, historical_negatives
+        )
         t0 = time.perf_counter()
         losses, all_logits, all_labels = [], [], []
         batches = range(0, len(train_events), batch_size)
@@ -520,6 +542,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="events re-scanned before each batch (gradient window)",
     )
     ap.add_argument("--visibility", choices=("exact", "batch"), default="exact")
+    ap.add_argument(
+        "--historical-negatives",
+        type=float,
+        default=None,
+        help="share of training negatives that are past training edges (whole pairs);"
+        " default: chosen from the training split (training/auto_config.py)",
+    )
+    ap.add_argument(
+        "--no-auto",
+        action="store_true",
+        help="no settings from the stream's statistics: the ModelConfig defaults and --set only",
+    )
     ap.add_argument("--resume", action="store_true", help="continue from OUT/train_state")
     ap.add_argument(
         "--set",
@@ -547,6 +581,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.window,
         not args.no_progress,
         max_train_events=args.max_train_events,
+        historical_negatives=args.historical_negatives,
+        auto=not args.no_auto,
     )
     print(f"model version {version} -> {args.out}")
     return 0

@@ -7,7 +7,12 @@ import pytest
 
 from training.batches import IndexedStream
 from training.data import chronological_split, read_edge_stream
-from training.negatives import EvalNegativeSampler, mrr_negatives, train_negatives
+from training.negatives import (
+    EvalNegativeSampler,
+    TrainNegativeSampler,
+    mrr_negatives,
+    train_negatives,
+)
 from training.replay import build_queries
 
 
@@ -106,3 +111,36 @@ def test_mrr_negatives_exclude_the_positive() -> None:
     neg = mrr_negatives(pos, cands, 8, seed=0)
     assert neg.shape == (4, 8)
     assert not (neg == pos[:, None]).any()
+
+
+def test_training_negatives_mix_in_past_pairs_absent_from_the_batch(uci) -> None:
+    data, split = uci
+    ev = np.where(split.train)[0]
+    src, dst = data.src[ev], data.dst[ev]
+    sampler = TrainNegativeSampler(src, dst, data.num_nodes, historical_fraction=0.5)
+    rng = np.random.default_rng(0)
+    b0, b1 = 1000, 1200
+    ns, nd = sampler.sample(rng, b0, b1)
+    past = set(zip(src[:b0].tolist(), dst[:b0].tolist(), strict=True))
+    batch = set(zip(src[b0:b1].tolist(), dst[b0:b1].tolist(), strict=True))
+    moved = ns != src[b0:b1]  # whole-pair negatives (another source than the positive's)
+    pairs = set(zip(ns[moved].tolist(), nd[moved].tolist(), strict=True))
+    # About half are past pairs; every one of them was seen before the batch, none in it.
+    assert 0.3 * (b1 - b0) < moved.sum() < 0.7 * (b1 - b0)
+    assert pairs <= past and not pairs & batch
+    # The others keep the positive's source and draw a training destination.
+    assert set(nd[~moved].tolist()) <= set(np.unique(dst).tolist())
+
+
+def test_training_negatives_without_history_are_the_random_ones(uci) -> None:
+    data, split = uci
+    ev = np.where(split.train)[0]
+    plain = TrainNegativeSampler(data.src[ev], data.dst[ev], data.num_nodes, 0.0)
+    mixed = TrainNegativeSampler(data.src[ev], data.dst[ev], data.num_nodes, 0.5)
+    # The first batch has no past pairs to draw; with the mix off the draws are unchanged.
+    a = plain.sample(np.random.default_rng(3), 0, 100)
+    b = mixed.sample(np.random.default_rng(3), 0, 100)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert np.array_equal(a[0], data.src[ev[:100]])
+    with pytest.raises(ValueError):
+        TrainNegativeSampler(data.src[ev], data.dst[ev], data.num_nodes, 1.5)

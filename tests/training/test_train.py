@@ -132,12 +132,18 @@ def test_evaluator_equals_event_by_event_advance_and_score(trained, uci_slice) -
     np.testing.assert_allclose(q.logit, expected, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("coarse", [False, True], ids=["uci-times", "coarse-times"])
-def test_trainer_scores_equal_streaming_scores(trained, uci_slice, coarse) -> None:
+@pytest.mark.parametrize(
+    ("coarse", "historical"),
+    [(False, 0.0), (True, 0.0), (False, 0.5)],
+    ids=["uci-times", "coarse-times", "historical-negatives"],
+)
+def test_trainer_scores_equal_streaming_scores(trained, uci_slice, coarse, historical) -> None:
     """The trainer's windowed re-scan gives the logits the service computes (exact visibility).
 
     "coarse-times" rounds UCI's timestamps to ~2.3-day steps, so hundreds of events share
     a timestamp (like Can. Parl. / US Legis.) and the trainer's catch-up path runs.
+    "historical-negatives" mixes whole-pair negatives (another source than the positive's)
+    into the batches, so their states and lists are checked too.
     """
     model = load_checkpoint(trained[0]).model
     data, split = uci_slice
@@ -148,7 +154,15 @@ def test_trainer_scores_equal_streaming_scores(trained, uci_slice, coarse) -> No
         split = chronological_split(stream)
     train_events = np.where(split.train)[0]
     index = NodeEventIndex.build(data, train_events)
-    runner = EpochRunner(model, data, train_events, index, window=4, visibility="exact")
+    runner = EpochRunner(
+        model,
+        data,
+        train_events,
+        index,
+        window=4,
+        visibility="exact",
+        historical_negatives=historical,
+    )
     runner.catch_up_len = 8
     rng = np.random.default_rng(0)
     got, qs, qd, qt, qe = [], [], [], [], []
@@ -158,11 +172,13 @@ def test_trainer_scores_equal_streaming_scores(trained, uci_slice, coarse) -> No
             _, logits, _ = runner.batch_loss(b0, b1, rng)
             lb = runner.last_batch
             got.append(logits)
-            qs += [lb["src"], lb["src"]]
+            qs += [lb["src"], lb["neg_src"]]
             qd += [lb["dst"], lb["neg"]]
             qt += [lb["t"], lb["t"]]
             qe += [np.arange(b0, b1)] * 2
     got = np.concatenate(got)
+    if historical:
+        assert (np.concatenate(qs[1::2]) != np.concatenate(qs[0::2])).any()
     # The same queries replayed through streaming.advance/score over the training events only.
     sub = IndexedStream.build(data.stream.slice(train_events))
     to_sub = {nid: i for i, nid in enumerate(sub.node_ids)}

@@ -1,0 +1,67 @@
+"""Settings chosen from the training split's statistics: the rules fire on the streams'
+shapes (never their names), and an explicit setting always wins."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from training.auto_config import (
+    HISTORICAL_SHARE,
+    ITEM_SIDE_MAX,
+    StreamProfile,
+    choose_settings,
+)
+from training.batches import IndexedStream
+from training.data import chronological_split, read_edge_stream
+
+
+def _profile(data_dir, name, limit=20000) -> StreamProfile:
+    stream = read_edge_stream(data_dir / name / "edges.csv.gz", limit=limit)
+    data, split = IndexedStream.build(stream), chronological_split(stream)
+    ev = np.where(split.train)[0]
+    return StreamProfile.of(data.src[ev], data.dst[ev], data.t[ev])
+
+
+def test_profile_statistics_on_a_hand_made_stream() -> None:
+    src = np.array([0, 0, 1, 0])
+    dst = np.array([5, 5, 6, 5])
+    t = np.array([1.0, 2.0, 2.0, 3.0])
+    p = StreamProfile.of(src, dst, t)
+    assert (p.events, p.sources, p.destinations, p.bipartite) == (4, 2, 2, True)
+    assert p.repeat_share == pytest.approx(0.5)  # the 2nd and 4th events repeat (0, 5)
+    assert p.tied_share == pytest.approx(0.5)  # two events share t = 2
+    assert not StreamProfile.of(np.array([0, 5]), np.array([5, 0]), t[:2]).bipartite
+
+
+def test_bipartite_stream_with_few_items_gets_the_identity_match(data_dir) -> None:
+    p = _profile(data_dir, "mooc")
+    assert p.bipartite and p.destinations <= ITEM_SIDE_MAX
+    chosen = choose_settings(p, {}, None)
+    assert chosen.config["identity_match_dim"] == 128
+    assert chosen.config["neighbour_list_len"] == 128
+    assert any("bipartite" in r for r in chosen.reasons)
+
+
+def test_unipartite_stream_keeps_the_defaults(data_dir) -> None:
+    p = _profile(data_dir, "uci")
+    assert not p.bipartite
+    chosen = choose_settings(p, {}, None)
+    assert "identity_match_dim" not in chosen.config
+    # UCI's pairs recur: historical negatives are mixed in.
+    assert p.repeat_share >= 0.3 and chosen.historical_negatives == HISTORICAL_SHARE
+
+
+def test_explicit_settings_win(data_dir) -> None:
+    p = _profile(data_dir, "mooc")
+    chosen = choose_settings(p, {"neighbour_list_len": 32}, 0.0)
+    assert chosen.config == {} and chosen.historical_negatives == 0.0
+    # Too many items for the hash buckets: no match.
+    assert "identity_match_dim" not in choose_settings(p, {"node_hash_buckets": 16}, None).config
+
+
+def test_no_repeats_means_random_negatives_only() -> None:
+    src, dst = np.arange(100), np.arange(100, 200)
+    p = StreamProfile.of(src, dst, np.arange(100.0))
+    assert p.repeat_share == 0.0
+    assert choose_settings(p, {}, None).historical_negatives == 0.0

@@ -1,0 +1,105 @@
+"""Settings the trainer picks from the training split alone, so that ``dygserve train
+--data X`` needs no dataset-specific flags.
+
+Each rule reads a statistic of the TRAINING events (never validation or test, never the
+dataset's name) and says why it fired; the choices and their reasons go into the
+checkpoint's ``metrics.json`` (``auto``). A setting given explicitly (``--set``,
+``--historical-negatives``) always wins over its rule.
+
+Rules:
+
+* **Identity match on a bipartite stream with a small item side.** When sources and
+  destinations never share an id and the destination side has at most
+  ``ITEM_SIDE_MAX`` distinct ids (courses, pages, products), which item follows a
+  source's previous ones is a learnable table: the match of v's hashed id against u's
+  latest neighbours (``identity_match_dim`` 128, depth 3, lists of 128; see
+  ``docs/results/mooc-experiments.md``). With more items than hash buckets the rows
+  would be shared and the table meaningless, so the side must also fit in the buckets.
+* **Historical training negatives.** Where pairs recur (a large share of training
+  events repeat an earlier pair), random negatives alone teach the head that "met
+  before" means "positive", which historical and inductive evaluation negatives are
+  built to defeat; half of the training negatives are then past training pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from model.config import ModelConfig
+
+ITEM_SIDE_MAX = 1024  # destinations of a "small item side"; also <= the default hash buckets
+REPEAT_SHARE_MIN = 0.3  # share of training events repeating an earlier pair
+HISTORICAL_SHARE = 0.5  # share of historical training negatives where pairs recur
+
+
+@dataclass(frozen=True)
+class StreamProfile:
+    """Statistics of the training events that the rules read."""
+
+    events: int
+    sources: int
+    destinations: int
+    bipartite: bool  # no id is both a source and a destination
+    repeat_share: float  # events whose (src, dst) pair occurred before
+    tied_share: float  # events sharing their timestamp with another event
+
+    @classmethod
+    def of(cls, src: np.ndarray, dst: np.ndarray, t: np.ndarray) -> StreamProfile:
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        n = len(src)
+        if n == 0:
+            return cls(0, 0, 0, False, 0.0, 0.0)
+        code = src * (int(max(src.max(), dst.max())) + 1) + dst
+        first = np.unique(code, return_index=True)[1]
+        _, t_counts = np.unique(np.asarray(t), return_counts=True)
+        return cls(
+            events=n,
+            sources=len(np.unique(src)),
+            destinations=len(np.unique(dst)),
+            bipartite=not np.intersect1d(src, dst).size,
+            repeat_share=1.0 - len(first) / n,
+            tied_share=float(t_counts[t_counts > 1].sum()) / n,
+        )
+
+
+@dataclass
+class AutoSettings:
+    """What the rules chose, and why."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+    historical_negatives: float = 0.0
+    reasons: list[str] = field(default_factory=list)
+
+    def as_json(self, profile: StreamProfile) -> dict[str, Any]:
+        return {"profile": asdict(profile), **asdict(self)}
+
+
+def choose_settings(
+    profile: StreamProfile,
+    explicit_config: dict[str, Any],
+    explicit_historical: float | None,
+) -> AutoSettings:
+    """The rules above, skipping any setting the caller gave explicitly."""
+    auto = AutoSettings()
+    buckets = int(explicit_config.get("node_hash_buckets", ModelConfig().node_hash_buckets))
+    match_fields = ("identity_match_dim", "identity_match_depth", "neighbour_list_len")
+    small_items = 0 < profile.destinations <= min(ITEM_SIDE_MAX, buckets)
+    if profile.bipartite and small_items and not any(f in explicit_config for f in match_fields):
+        auto.config.update(identity_match_dim=128, identity_match_depth=3, neighbour_list_len=128)
+        auto.reasons.append(
+            f"bipartite with {profile.destinations} destinations (<= {ITEM_SIDE_MAX}):"
+            " identity match (width 128, depth 3) over lists of 128"
+        )
+    if explicit_historical is None:
+        if profile.repeat_share >= REPEAT_SHARE_MIN:
+            auto.historical_negatives = HISTORICAL_SHARE
+            auto.reasons.append(
+                f"{profile.repeat_share:.0%} of training events repeat a pair"
+                f" (>= {REPEAT_SHARE_MIN:.0%}): {HISTORICAL_SHARE:.0%} historical negatives"
+            )
+    else:
+        auto.historical_negatives = explicit_historical
+    return auto
