@@ -257,3 +257,30 @@ def test_batch_visibility_training_runs(uci_path, tmp_path) -> None:
     )
     ckpt = load_checkpoint(tmp_path)
     assert ckpt.metrics["visibility"] == "batch" and 0.0 < ckpt.metrics["val"]["ap"] <= 1.0
+
+
+@pytest.mark.parametrize("auto", [True, False], ids=["auto", "no-auto"])
+def test_default_command_takes_settings_from_the_stream(data_dir, tmp_path, auto) -> None:
+    """MOOC is bipartite with a small item side: the trainer turns the identity match on
+    by itself (auto_config), records why, and --no-auto keeps the plain defaults."""
+    train(
+        data_dir / "mooc" / "edges.csv.gz",
+        tmp_path,
+        {"d_model": 8, "d_state": 4, "d_time": 4, "head_hidden": 16},
+        epochs=1,
+        max_events=1500,
+        progress=False,
+        test_eval=False,
+        window=4,
+        auto=auto,
+    )
+    ckpt = load_checkpoint(tmp_path)
+    chosen = ckpt.metrics["auto"]
+    assert chosen["profile"]["bipartite"]
+    if auto:
+        assert ckpt.config.identity_match_dim == 128 and ckpt.config.neighbour_list_len == 128
+        assert any("bipartite" in r for r in chosen["reasons"])
+        assert ckpt.metrics["historical_negatives"] == chosen["historical_negatives"]
+    else:
+        assert ckpt.config.identity_match_dim == 0 and ckpt.config.neighbour_list_len == 32
+        assert chosen["reasons"] == [] and ckpt.metrics["historical_negatives"] == 0.0
