@@ -88,7 +88,8 @@ async def _redrive_loop(app: FastAPI) -> None:
         try:
             await run_in_threadpool(engine.redrive)
             app.state.ready = True
-        except StoreUnavailable:
-            app.state.ready = False
+        except StoreUnavailable as exc:
+            if exc.unreachable:  # a full store still serves reads: stay ready
+                app.state.ready = False
         except Exception:  # keep the loop alive; the next tick tries again
             log.exception("re-drive failed")

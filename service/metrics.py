@@ -76,6 +76,11 @@ IN_FLIGHT = Gauge(
     "dygserve_in_flight_requests", "requests in progress", multiprocess_mode="livesum"
 )
 HTTP_REQUESTS = Counter("dygserve_http_requests", "HTTP requests", ["route", "status"])
+STORE_ERRORS = Counter(
+    "dygserve_store_errors",
+    "store errors with a name, answered 503 (state_store.base.STORE_ERROR_REASONS)",
+    ["reason"],
+)
 
 
 def set_model_version(version: str, previous: str | None = None) -> None:

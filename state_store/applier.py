@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
-from .base import AppendResult, LoggedEvent, NewEvent, StateStore
+from .base import AppendResult, LoggedEvent, NewEvent, StateStore, StoreUnavailable
 from .blob_header import read_watermark
 
 # Upper bound of the random pause before re-reading conflicting nodes, per round so
@@ -53,8 +53,12 @@ class Advance(Protocol):
         ...
 
 
-class ApplyConflictError(RuntimeError):
-    """Some nodes still lost the compare-and-set after ``max_rounds`` rounds."""
+class ApplyConflictError(StoreUnavailable):
+    """Some nodes still lost the compare-and-set after ``max_rounds`` rounds (a 503:
+    the events stay pending, and a retry or the re-drive applies them)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="conflict")
 
 
 @dataclass

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -75,7 +76,12 @@ from .config import RedisStoreConfig
 # few hubs sends a fraction of the strings. Dedupe marks are members of one sorted set
 # scored by expiry (a key per event with PX cost ~4x as much per event); expired ones
 # are dropped first, so any member is live.
-APPEND_LUA = """
+# The shebang makes it a Redis 7 script with flags (none): one that may write and is
+# not "allow-oom", so a full Redis (maxmemory under noeviction) refuses the whole call
+# with OOM before it runs. Without it Redis checks memory only at the script's first
+# write of a "denyoom" command, and the ZREMRANGEBYSCORE below (a write, not denyoom)
+# comes first and lets every later write through: the log then grew past maxmemory.
+APPEND_LUA = """#!lua
 local n = tonumber(ARGV[1])
 local ttl = ARGV[2]
 local cap = tonumber(ARGV[3])
@@ -254,22 +260,56 @@ local i = start - first
 return redis.call('LRANGE', KEYS[1], i, i + tonumber(ARGV[2]) - 1)
 """
 
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
-    rex.ConnectionError,  # includes BusyLoadingError
-    rex.TimeoutError,
-    rex.ClusterDownError,
-    rex.ClusterError,
-    rex.MasterDownError,
-    rex.ReadOnlyError,
-    rex.TryAgainError,
-    rex.RedisClusterException,
+# redis-py's classes for conditions with a name, most specific first (BusyLoadingError
+# is a ConnectionError, ReadOnlyError and OutOfMemoryError are ResponseErrors).
+_ERROR_CLASSES: tuple[tuple[type[BaseException], str], ...] = (
+    (rex.BusyLoadingError, "loading"),
+    (rex.TimeoutError, "timeout"),
+    (rex.ConnectionError, "connection"),
+    (rex.OutOfMemoryError, "oom"),
+    (rex.ReadOnlyError, "readonly"),
+    (rex.MasterDownError, "masterdown"),
+    (rex.TryAgainError, "tryagain"),
+    (rex.ClusterDownError, "clusterdown"),
+    (rex.ClusterError, "clusterdown"),
+    (rex.RedisClusterException, "clusterdown"),
 )
+# Error replies by their first word, for the ones redis-py leaves as a plain
+# ResponseError (BUSY, MISCONF) and for errors met inside a Lua script: Redis 7 passes
+# the inner error's word through; Redis 6 wraps it as "ERR Error running script ...
+# -OOM ...", hence the "-" form.
+_ERROR_WORDS = {
+    "OOM": "oom",
+    "BUSY": "busy",
+    "LOADING": "loading",
+    "READONLY": "readonly",
+    "MASTERDOWN": "masterdown",
+    "CLUSTERDOWN": "clusterdown",
+    "TRYAGAIN": "tryagain",
+    "MISCONF": "misconf",
+}
+_ERROR_WORD = re.compile(r"(?:^|\s-)(" + "|".join(_ERROR_WORDS) + r")\b")
+# What _guard catches (then sorts with store_error_reason; the rest re-raises as is).
+_CAUGHT: tuple[type[BaseException], ...] = (rex.RedisError, rex.RedisClusterException)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _unavailable(e: BaseException) -> StoreUnavailable:
-    return StoreUnavailable(f"state store unavailable: {type(e).__name__}: {e}")
+def store_error_reason(e: BaseException) -> str | None:
+    """The ``STORE_ERROR_REASONS`` entry of a redis-py error, or None for an error
+    without a name (a bug, a wrong argument: those stay 500s)."""
+    for cls, reason in _ERROR_CLASSES:
+        if isinstance(e, cls):
+            return reason
+    if isinstance(e, rex.ResponseError):
+        m = _ERROR_WORD.search(str(e))
+        if m:
+            return _ERROR_WORDS[m.group(1)]
+    return None
+
+
+def _unavailable(e: BaseException, reason: str) -> StoreUnavailable:
+    return StoreUnavailable(f"{type(e).__name__}: {e}", reason)
 
 
 def _guard(fn: F) -> F:
@@ -279,8 +319,11 @@ def _guard(fn: F) -> F:
             return fn(*args, **kwargs)
         except StoreUnavailable:
             raise
-        except _UNAVAILABLE as e:
-            raise _unavailable(e) from e
+        except _CAUGHT as e:
+            reason = store_error_reason(e)
+            if reason is None:
+                raise
+            raise _unavailable(e, reason) from e
 
     return wrapper  # type: ignore[return-value]
 
@@ -348,8 +391,11 @@ class RedisStore(StateStore):
                 raise ValueError(
                     f"unsupported store URL scheme {scheme!r}: use redis://, rediss://, unix:// or redis+cluster://"
                 )
-        except _UNAVAILABLE as e:
-            raise _unavailable(e) from e
+        except _CAUGHT as e:
+            reason = store_error_reason(e)
+            if reason is None:
+                raise
+            raise _unavailable(e, reason) from e
         p = config.key_prefix
         self._state_prefix = p
         log = f"{p}:{{{p}:log}}"
@@ -439,8 +485,11 @@ class RedisStore(StateStore):
         keys = [self.state_key(version, n) for n in nodes]
         try:
             return list(await self._async_client().execute_command("MGET", *keys))
-        except _UNAVAILABLE as e:
-            raise _unavailable(e) from e
+        except _CAUGHT as e:
+            reason = store_error_reason(e)
+            if reason is None:
+                raise
+            raise _unavailable(e, reason) from e
 
     async def aclose(self) -> None:
         if self._async is not None:
