@@ -8,6 +8,7 @@ PROMETHEUS_MULTIPROC_DIR before any worker imports this module.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -20,6 +21,7 @@ from prometheus_client import (
 )
 
 from model.kernels.dispatch import KERNEL_PATHS
+from state_store.base import STORE_ERROR_REASONS
 
 LATENCY_BUCKETS = (
     0.0005,
@@ -81,6 +83,26 @@ STORE_ERRORS = Counter(
     "store errors with a name, answered 503 (state_store.base.STORE_ERROR_REASONS)",
     ["reason"],
 )
+
+
+# Label values created at start, so that a panel that divides by them (the 5xx ratio,
+# rejected events by reason, store errors by reason) shows 0 rather than "no data"
+# before the first such event. Statuses: one per class a panel selects, plus the 503
+# that the service sheds load and refuses on a store error with.
+PRECREATED_STATUSES = ("200", "400", "500", "503")
+REJECT_REASONS = ("late", "future")  # state_store.common: late_reason, future_reason
+
+
+def precreate_series(routes: Iterable[str]) -> None:
+    """Every (route, status) of ``PRECREATED_STATUSES``, every reject reason and store
+    error reason, at 0 (a ``labels()`` call alone exports the series)."""
+    for route in routes:
+        for status in PRECREATED_STATUSES:
+            HTTP_REQUESTS.labels(route=route, status=status)
+    for reason in REJECT_REASONS:
+        EVENTS_REJECTED.labels(reason=reason)
+    for reason in STORE_ERROR_REASONS:
+        STORE_ERRORS.labels(reason=reason)
 
 
 def set_model_version(version: str, previous: str | None = None) -> None:
