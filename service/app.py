@@ -16,6 +16,7 @@ from .lifecycle import lifespan
 from .limits import UNBOUNDED_PATHS, BodyLimitMiddleware, InFlightMiddleware
 from .routers import ALL as ROUTERS
 from .settings import Settings, get_settings
+from .store_info import StoreInfoSampler
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -26,6 +27,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings or get_settings()
+    app.state.store_info = StoreInfoSampler(
+        app.state.settings.store_info_interval_s, app.state.settings.store.state_ttl_s
+    )
     api_routes = [r for router in ROUTERS for r in router.routes if isinstance(r, APIRoute)]
     app.add_middleware(
         InFlightMiddleware, limit=app.state.settings.max_in_flight, routes=api_routes

@@ -93,6 +93,12 @@ class Settings(BaseSettings):
         description="torch backend: score calls up to this many pairs run the numpy kernel (0 = never)",
     )
 
+    store_info_interval_s: float = Field(
+        15.0,
+        gt=0,
+        description="how often /metrics refreshes the store's memory figures (one INFO each)",
+    )
+
     late_policy: Literal["reject"] = Field(
         "reject", description="what happens to an event older than a node's last event"
     )

@@ -48,6 +48,8 @@ changed in meaning):
   ``t``; the service validates before, this is a last guard.
 * ``StateStore.backend``: a short name of the backend ("memory", "redis",
   "redis-cluster") for logs and metrics.
+* ``StateStore.memory()``: the store's memory use, limit and eviction count
+  (``StoreMemory``; None for the embedded store), sampled for metrics.
 """
 
 from __future__ import annotations
@@ -144,6 +146,17 @@ class AppendResult:
         return self.late
 
 
+@dataclass(frozen=True)
+class StoreMemory:
+    """What the store says about its memory (Redis: INFO memory and stats; summed over
+    the masters of a cluster)."""
+
+    used_bytes: int
+    max_bytes: int  # maxmemory; 0 = no limit
+    evicted_keys: int  # keys evicted since the server started (its own counter)
+    policy: str  # maxmemory-policy
+
+
 @dataclass
 class WriteOutcome:
     written: list[str]  # node ids whose blob was written
@@ -208,6 +221,11 @@ class StateStore(StateTable, EventLog, Protocol):
     backend: str  # "memory", "redis" or "redis-cluster", for logs and metrics
 
     def ping(self) -> bool: ...
+
+    def memory(self) -> StoreMemory | None:
+        """The store's memory use and eviction count (one round trip, for a sampled
+        metric, never per request); None where the backend has no such figures."""
+        ...
 
     def close(self) -> None: ...
 

@@ -46,7 +46,15 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
-from .base import AppendResult, LoggedEvent, NewEvent, StateStore, StoreUnavailable, WriteOutcome
+from .base import (
+    AppendResult,
+    LoggedEvent,
+    NewEvent,
+    StateStore,
+    StoreMemory,
+    StoreUnavailable,
+    WriteOutcome,
+)
 from .blob_header import pack_watermark
 from .common import (
     decode_event,
@@ -704,11 +712,30 @@ class RedisStore(StateStore):
         except (rex.RedisError, rex.RedisClusterException):
             return False
 
+    @_guard
+    def memory(self) -> StoreMemory | None:
+        if self.cluster:  # one dict per master
+            per_node = self._r.info("memory", "stats", target_nodes=RedisCluster.PRIMARIES)
+            infos = list(per_node.values()) if _is_per_node(per_node) else [per_node]
+        else:
+            infos = [self._r.execute_command("INFO", "memory", "stats")]
+        return StoreMemory(
+            used_bytes=sum(int(i.get("used_memory", 0)) for i in infos),
+            max_bytes=sum(int(i.get("maxmemory", 0)) for i in infos),
+            evicted_keys=sum(int(i.get("evicted_keys", 0)) for i in infos),
+            policy=str(infos[0].get("maxmemory_policy", "")) if infos else "",
+        )
+
     def close(self) -> None:
         try:
             self._r.close()
         except Exception:  # pragma: no cover - closing a dead connection
             pass
+
+
+def _is_per_node(info: dict[Any, Any]) -> bool:
+    """RedisCluster.info answers one dict per node, or a single node's dict itself."""
+    return bool(info) and all(isinstance(v, dict) for v in info.values())
 
 
 def _parse_hosts(netloc_hosts: str) -> Iterable[tuple[str, int]]:

@@ -12,6 +12,7 @@ which a full Redis refuses.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -123,11 +124,25 @@ class Readers:
         store.close()
 
 
+def store_figures(metrics_text: str) -> dict[str, float] | None:
+    """The store's memory used and limit as /metrics exports them (None: not yet)."""
+    found = {}
+    for key, name in (("used", "used_bytes"), ("max", "max_bytes")):
+        m = re.search(rf"^dygserve_store_memory_{name} (\S+)$", metrics_text, re.M)
+        if m is None:
+            return None
+        found[key] = float(m.group(1))
+    return found
+
+
 def test_full_redis_answers_503_and_recovers_when_memory_is_freed(
     data_dir, runtime, tmp_path, figures
 ):
     redis = start_redis(tmp_path / "redis", extra_args=["--maxmemory-policy", "noeviction"])
-    svc = serve(tmp_path / "svc", {"DYGSERVE_REDIS_URL": redis.url})
+    svc = serve(
+        tmp_path / "svc",
+        {"DYGSERVE_REDIS_URL": redis.url, "DYGSERVE_STORE_INFO_INTERVAL_S": "0.2"},
+    )
     events = uci_events(data_dir, N_EVENTS)
     admin = redis.client()
     readers = driver = None
@@ -153,6 +168,15 @@ def test_full_redis_answers_503_and_recovers_when_memory_is_freed(
             "a read that must write (cold rebuild) to be refused",
         )
         time.sleep(2.0)  # keep it full a little longer: every path meets the refusal
+        # what a dashboard sees meanwhile: the store at its limit
+        figures_seen = wait_until(
+            lambda: store_figures(httpx.get(f"{svc.url}/metrics", timeout=10).text),
+            20,
+            0.2,
+            "the store's memory figures in /metrics",
+        )
+        assert figures_seen["max"] == used + HEADROOM_BYTES
+        assert figures_seen["used"] >= 0.9 * figures_seen["max"], figures_seen
         full_info = admin.info("memory")
         acked_when_full = sum(b.response["accepted"] for b in driver.batches if b.response)
         admin.config_set("maxmemory", 0)
@@ -173,7 +197,10 @@ def test_full_redis_answers_503_and_recovers_when_memory_is_freed(
             wait_until(lambda: c.get("/readyz").status_code == 200, 30, 0.2, "ready again")
             assert c.get("/v1/score", params={"src": "1", "dst": "2", "t": 1e9}).status_code == 200
             metrics_text = c.get("/metrics").text
-        assert 'dygserve_store_errors_total{reason="oom"}' in metrics_text
+        oom_503 = re.search(
+            r'^dygserve_store_errors_total\{reason="oom"\} (\S+)$', metrics_text, re.M
+        )
+        assert oom_503 and float(oom_503.group(1)) >= 1, "the refusals are not counted"
 
         log = read_whole_log(redis_store(redis.url))
         counted = check_log_against_outcomes(log, driver.batches)
@@ -182,6 +209,7 @@ def test_full_redis_answers_503_and_recovers_when_memory_is_freed(
             driver.outcome_summary(),
             maxmemory_bytes=used + HEADROOM_BYTES,
             used_memory_when_full=int(full_info["used_memory"]),
+            used_memory_in_metrics=int(figures_seen["used"]),
             events_acknowledged_when_full=acked_when_full,
             ingest_503=driver.statuses["503"],
             read_answers={k: v for k, v in sorted(readers.statuses.items())},
