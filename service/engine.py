@@ -106,9 +106,16 @@ class ModelRuntime:
 
     @classmethod
     def load(
-        cls, path: Path, backend: str = "torch", onnx_dir: Path | None = None, device: str = "cpu"
+        cls,
+        path: Path,
+        backend: str = "torch",
+        onnx_dir: Path | None = None,
+        device: str = "cpu",
+        verify_key: bytes | None = None,
     ) -> ModelRuntime:
-        return cls(load_checkpoint(path), backend, onnx_dir, device)
+        """``verify_key``: refuse a checkpoint not signed with it (model.signing);
+        the service passes ``Settings.checkpoint_verify_key()`` everywhere it loads."""
+        return cls(load_checkpoint(path, verify_key), backend, onnx_dir, device)
 
     def decode(self, blobs: Sequence[bytes | None]) -> tuple[NodeStates, NeighbourLists]:
         """States and recent-neighbour lists for a list of blobs; None -> the initial state."""

@@ -47,7 +47,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     torch.set_num_threads(settings.torch_threads)
     keep_freed_memory()  # big torch temporaries reuse heap pages instead of faulting in new ones
     runtime = ModelRuntime.load(
-        settings.checkpoint, settings.backend, settings.onnx_dir, settings.device
+        settings.checkpoint,
+        settings.backend,
+        settings.onnx_dir,
+        settings.device,
+        settings.checkpoint_verify_key(),
     )
     store = open_store(settings.store)
     engine = Engine(runtime, store, numpy_max_pairs=settings.numpy_score_max_pairs)
