@@ -6,6 +6,8 @@
 * ``checksums.json`` records the sha256 of both files and the version; loading
   refuses a checkpoint whose files do not match it, or whose tensors do not have
   the names and shapes the config implies, with a message that says which.
+* ``signature.json`` (optional, ``model.signing``): with a verification key, an
+  unsigned or wrongly signed checkpoint is refused.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
 from .config import ModelConfig
 from .link_model import DygMambaLinkModel
 from .node_state import STATE_FORMAT_VERSION
+from .signing import SignatureError, verify, write_signature
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -105,12 +108,30 @@ def _read(path: Path) -> bytes:
         raise CheckpointError(f"checkpoint file missing: {path}") from exc
 
 
-def load_checkpoint(directory: str | Path) -> LoadedCheckpoint:
+def sign_checkpoint(directory: str | Path, key: bytes) -> Path:
+    """Write ``signature.json``: HMAC-SHA256 with ``key`` over the hashes of the config
+    and weights (``model.signing``). Checks the checkpoint loads first."""
+    path = Path(directory)
+    load_checkpoint(path)  # never sign something that would be refused anyway
+    files = {CONFIG_FILE: _read(path / CONFIG_FILE), WEIGHTS_FILE: _read(path / WEIGHTS_FILE)}
+    return write_signature(path, files, key)
+
+
+def load_checkpoint(directory: str | Path, verify_key: bytes | None = None) -> LoadedCheckpoint:
+    """Load and check a checkpoint; with ``verify_key``, also its signature.
+
+    Each file is read once: the hashes, the signature and the model all come from
+    those same bytes, so a file swapped after it was checked is never what loads."""
     path = Path(directory)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {path}")
     config_bytes = _read(path / CONFIG_FILE)
     weights = _read(path / WEIGHTS_FILE)
+    if verify_key is not None:
+        try:
+            verify(path, {CONFIG_FILE: config_bytes, WEIGHTS_FILE: weights}, verify_key)
+        except SignatureError as exc:
+            raise CheckpointError(str(exc)) from exc
     try:
         checksums = json.loads(_read(path / CHECKSUMS_FILE))
     except json.JSONDecodeError as exc:
@@ -136,7 +157,7 @@ def load_checkpoint(directory: str | Path) -> LoadedCheckpoint:
         raise CheckpointError(f"invalid model config: {exc}") from exc
     model = DygMambaLinkModel(config)
     try:
-        tensors = load_file(str(path / WEIGHTS_FILE))
+        tensors = load(weights)  # the bytes hashed above, not a second read of the file
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(f"{WEIGHTS_FILE} is not a readable safetensors file: {exc}") from exc
     expected = model.state_dict()

@@ -1,4 +1,4 @@
-"""``dygserve``: serve, train, evaluate, replay, backfill, export-onnx, bench.
+"""``dygserve``: serve, train, evaluate, replay, backfill, sign-checkpoint, export-onnx, bench.
 
 Every ``serve`` flag is also an environment variable ``DYGSERVE_<NAME>``; flags win.
 """
@@ -30,8 +30,8 @@ def _serve(args: argparse.Namespace) -> int:
     from model.checkpoint import CheckpointError, load_checkpoint
 
     try:
-        load_checkpoint(settings.checkpoint)
-    except CheckpointError as exc:
+        load_checkpoint(settings.checkpoint, settings.checkpoint_verify_key())
+    except (CheckpointError, OSError, ValueError) as exc:  # OSError, ValueError: the key file
         print(f"error: checkpoint refused: {exc}", file=sys.stderr)
         return 2
     if settings.workers > 1:
@@ -52,6 +52,27 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         timeout_graceful_shutdown=30,
     )
+    return 0
+
+
+def _sign_checkpoint(args: argparse.Namespace) -> int:
+    """Sign a checkpoint with the key the service verifies (model.signing)."""
+    from model.checkpoint import CheckpointError, sign_checkpoint
+    from model.signing import check_key
+
+    try:
+        if args.key_file is not None:
+            key = open(args.key_file, "rb").read().strip()
+        elif os.environ.get("DYGSERVE_CHECKPOINT_KEY"):
+            key = os.environ["DYGSERVE_CHECKPOINT_KEY"].encode()
+        else:
+            print("error: give --key-file or set DYGSERVE_CHECKPOINT_KEY", file=sys.stderr)
+            return 2
+        path = sign_checkpoint(args.checkpoint, check_key(key))
+    except (CheckpointError, OSError, ValueError) as exc:
+        print(f"error: not signed: {exc}", file=sys.stderr)
+        return 2
+    print(f"signed: {path}")
     return 0
 
 
@@ -116,6 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, (_, helptext) in DELEGATED.items():
         sub.add_parser(name, help=helptext, add_help=False)  # dispatched in main()
+
+    sign = sub.add_parser(
+        "sign-checkpoint",
+        help="write signature.json (HMAC-SHA256 over the file hashes) for DYGSERVE_CHECKPOINT_KEY",
+    )
+    sign.add_argument("checkpoint", help="checkpoint directory")
+    sign.add_argument(
+        "--key-file",
+        dest="key_file",
+        default=None,
+        help="file holding the key (default: $DYGSERVE_CHECKPOINT_KEY)",
+    )
+    sign.set_defaults(func=_sign_checkpoint)
 
     backfill = sub.add_parser(
         "backfill", help="rebuild the states of a model version from the stored histories"

@@ -37,7 +37,7 @@ from model.protocol import ServedModel
 from model.rank_plan import RankPlan
 from model.streaming import score_nodes
 from state_store.applier import LoggedBatch, apply_logged, redrive
-from state_store.base import LoggedEvent, NewEvent, StateStore
+from state_store.base import LoggedEvent, NewEvent, StateStore, StoreUnavailable
 from state_store.faults import maybe_crash
 
 from . import metrics
@@ -106,9 +106,16 @@ class ModelRuntime:
 
     @classmethod
     def load(
-        cls, path: Path, backend: str = "torch", onnx_dir: Path | None = None, device: str = "cpu"
+        cls,
+        path: Path,
+        backend: str = "torch",
+        onnx_dir: Path | None = None,
+        device: str = "cpu",
+        verify_key: bytes | None = None,
     ) -> ModelRuntime:
-        return cls(load_checkpoint(path), backend, onnx_dir, device)
+        """``verify_key``: refuse a checkpoint not signed with it (model.signing);
+        the service passes ``Settings.checkpoint_verify_key()`` everywhere it loads."""
+        return cls(load_checkpoint(path, verify_key), backend, onnx_dir, device)
 
     def decode(self, blobs: Sequence[bytes | None]) -> tuple[NodeStates, NeighbourLists]:
         """States and recent-neighbour lists for a list of blobs; None -> the initial state."""
@@ -283,6 +290,9 @@ class Engine:
         """For ``wait=false``: a failure leaves the events pending for the re-drive."""
         try:
             self.apply(rt, logged)
+        except StoreUnavailable as exc:  # no answer to carry a 503: count and log it
+            metrics.STORE_ERRORS.labels(reason=exc.reason).inc()
+            log.warning("background apply refused (%s); the re-drive will apply the events", exc)
         except Exception:
             log.warning(
                 "background apply failed; the re-drive will apply the events", exc_info=True
@@ -299,6 +309,7 @@ class Engine:
                     previous_seq=logged.previous_seq,
                 )
             metrics.EVENTS_APPLIED.inc(stats.marked)
+            metrics.COLD_REBUILDS.inc(stats.cold_rebuilds)
         except Exception:
             self.needs_redrive = True  # logged but maybe not applied: re-drive later
             raise
@@ -308,6 +319,7 @@ class Engine:
         with self._apply_lock, timed_store("redrive"):
             stats = redrive(self.store, rt.version, rt.advance_blobs)
         metrics.EVENTS_APPLIED.inc(stats.marked)
+        metrics.COLD_REBUILDS.inc(stats.cold_rebuilds)
         self.needs_redrive = False
         return getattr(stats, "events_applied", 0)
 

@@ -1,5 +1,6 @@
 """How errors become answers: one JSON shape (``{"detail": ...}``) for every 4xx/5xx
-of the v1 routes, 503 with Retry-After for a store that cannot be reached."""
+of the v1 routes, 503 with Retry-After for every store error with a name (unreachable,
+full, read-only, loading, busy, a write conflict past its retries; ``StoreUnavailable``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from state_store.base import StoreUnavailable
 
+from . import metrics
 from .engine import RequestRefused
 from .schemas import ErrorResponse
 
@@ -45,9 +47,38 @@ async def _refused(request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status, str(exc))
 
 
+# The first words of a 503's detail, per store error reason (clients and dashboards
+# can tell a full store from an unreachable one without parsing the rest).
+STORE_ERROR_MESSAGES: dict[str, str] = {
+    "connection": "state store unreachable",
+    "timeout": "state store timed out",
+    "oom": "state store full",
+    "readonly": "state store read-only",
+    "loading": "state store loading",
+    "busy": "state store busy",
+    "masterdown": "state store master down",
+    "clusterdown": "state store cluster down",
+    "tryagain": "state store resharding",
+    "misconf": "state store cannot persist",
+    "conflict": "state store write conflict",
+}
+STORE_RETRY_AFTER_S = "1"
+
+
+def store_error_detail(exc: StoreUnavailable) -> str:
+    """What a 503 says: the condition, that a retry is safe, then the store's words."""
+    return (
+        f"{STORE_ERROR_MESSAGES[exc.reason]}: retry later (events already logged are "
+        f"applied by the re-drive; nothing is half-applied): {exc}"
+    )
+
+
 async def _store_down(request: Request, exc: Exception) -> JSONResponse:
-    request.app.state.ready = False
-    return error_response(503, f"state store unavailable: {exc}", {"Retry-After": "1"})
+    assert isinstance(exc, StoreUnavailable)
+    if exc.unreachable:  # a full or busy store still serves reads: stay ready
+        request.app.state.ready = False
+    metrics.STORE_ERRORS.labels(reason=exc.reason).inc()
+    return error_response(503, store_error_detail(exc), {"Retry-After": STORE_RETRY_AFTER_S})
 
 
 async def _too_deep(request: Request, exc: Exception) -> JSONResponse:

@@ -47,7 +47,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     torch.set_num_threads(settings.torch_threads)
     keep_freed_memory()  # big torch temporaries reuse heap pages instead of faulting in new ones
     runtime = ModelRuntime.load(
-        settings.checkpoint, settings.backend, settings.onnx_dir, settings.device
+        settings.checkpoint,
+        settings.backend,
+        settings.onnx_dir,
+        settings.device,
+        settings.checkpoint_verify_key(),
     )
     store = open_store(settings.store)
     engine = Engine(runtime, store, numpy_max_pairs=settings.numpy_score_max_pairs)
@@ -88,7 +92,8 @@ async def _redrive_loop(app: FastAPI) -> None:
         try:
             await run_in_threadpool(engine.redrive)
             app.state.ready = True
-        except StoreUnavailable:
-            app.state.ready = False
+        except StoreUnavailable as exc:
+            if exc.unreachable:  # a full store still serves reads: stay ready
+                app.state.ready = False
         except Exception:  # keep the loop alive; the next tick tries again
             log.exception("re-drive failed")

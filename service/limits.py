@@ -8,7 +8,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import orjson
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import metrics
@@ -92,10 +95,22 @@ class BodyLimitMiddleware:
                 await _reply(send, 413, f"body over {self.max_bytes} bytes")
 
 
+def route_template(scope: Scope, routes: Sequence[BaseRoute]) -> str:
+    """The template of the route a request would reach ("/v1/nodes/{node}"), for a
+    label: raw paths would make one series per node id, without bound. Routing has not
+    run yet where a request is shed, so match it here (only on that path)."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match != Match.NONE:  # FULL, or PARTIAL (the path with another method)
+            return str(getattr(route, "path", "unmatched"))
+    return "unmatched"
+
+
 class InFlightMiddleware:
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, routes: Sequence[BaseRoute] = ()) -> None:
         self.app = app
         self.limit = limit
+        self.routes = routes  # the app's routes, to label a shed request by its template
         self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -108,7 +123,9 @@ class InFlightMiddleware:
             return
         if self.in_flight >= self.limit:
             await _reply(send, 503, "too many requests in flight", [(b"retry-after", b"1")])
-            metrics.HTTP_REQUESTS.labels(route=path, status="503").inc()
+            metrics.HTTP_REQUESTS.labels(
+                route=route_template(scope, self.routes), status="503"
+            ).inc()
             return
         self.in_flight += 1
         metrics.IN_FLIGHT.inc()

@@ -8,9 +8,11 @@ PROMETHEUS_MULTIPROC_DIR before any worker imports this module.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
+    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -18,8 +20,11 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from model.kernels.dispatch import KERNEL_PATHS
+from state_store.base import STORE_ERROR_REASONS, StoreMemory
 
 LATENCY_BUCKETS = (
     0.0005,
@@ -76,6 +81,31 @@ IN_FLIGHT = Gauge(
     "dygserve_in_flight_requests", "requests in progress", multiprocess_mode="livesum"
 )
 HTTP_REQUESTS = Counter("dygserve_http_requests", "HTTP requests", ["route", "status"])
+STORE_ERRORS = Counter(
+    "dygserve_store_errors",
+    "store errors with a name, answered 503 (state_store.base.STORE_ERROR_REASONS)",
+    ["reason"],
+)
+
+
+# Label values created at start, so that a panel that divides by them (the 5xx ratio,
+# rejected events by reason, store errors by reason) shows 0 rather than "no data"
+# before the first such event. Statuses: one per class a panel selects, plus the 503
+# that the service sheds load and refuses on a store error with.
+PRECREATED_STATUSES = ("200", "400", "500", "503")
+REJECT_REASONS = ("late", "future")  # state_store.common: late_reason, future_reason
+
+
+def precreate_series(routes: Iterable[str]) -> None:
+    """Every (route, status) of ``PRECREATED_STATUSES``, every reject reason and store
+    error reason, at 0 (a ``labels()`` call alone exports the series)."""
+    for route in routes:
+        for status in PRECREATED_STATUSES:
+            HTTP_REQUESTS.labels(route=route, status=status)
+    for reason in REJECT_REASONS:
+        EVENTS_REJECTED.labels(reason=reason)
+    for reason in STORE_ERROR_REASONS:
+        STORE_ERRORS.labels(reason=reason)
 
 
 def set_model_version(version: str, previous: str | None = None) -> None:
@@ -90,11 +120,49 @@ def set_kernel_path(path: str) -> None:
         KERNEL_PATH.labels(path=p).set(1 if p == path else 0)
 
 
+class StoreMemoryCollector(Collector):
+    """The store's memory use, limit and eviction count, from the last sample
+    (``service.store_info``: taken in the background at most every
+    ``store_info_interval_s``, never per request). Nothing before the first sample, or
+    for a store without such figures (the embedded one).
+
+    A collector, not Gauges: the eviction count is the server's own counter (it resets
+    only when Redis restarts, which ``rate`` handles), and in multiprocess mode every
+    worker exports the same store's figures with no per-process files to merge."""
+
+    def __init__(self) -> None:
+        self.sample: StoreMemory | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.sample
+        if m is None:
+            return
+        yield GaugeMetricFamily(
+            "dygserve_store_memory_used_bytes", "memory the state store uses", value=m.used_bytes
+        )
+        yield GaugeMetricFamily(
+            "dygserve_store_memory_max_bytes",
+            "the state store's memory limit (Redis maxmemory; 0 = none)",
+            value=m.max_bytes,
+        )
+        yield CounterMetricFamily(
+            "dygserve_store_evicted_keys",
+            "keys the state store evicted since it started (Redis evicted_keys)",
+            value=m.evicted_keys,
+        )
+
+
+STORE_MEMORY = StoreMemoryCollector()
+
+
 def render() -> tuple[bytes, str]:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
+        registry.register(STORE_MEMORY)
         return generate_latest(registry), CONTENT_TYPE_LATEST
-    from prometheus_client import REGISTRY
-
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    REGISTRY.register(STORE_MEMORY)

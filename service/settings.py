@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -24,6 +24,7 @@ from pydantic_settings import (
 )
 
 from model.checkpoint import BUNDLED_CHECKPOINT
+from model.signing import check_key
 from state_store.config import MemoryStoreConfig, StoreConfig
 from state_store.factory import is_memory_url
 
@@ -76,6 +77,18 @@ class Settings(BaseSettings):
     api_key: str | None = Field(
         None, description="required in X-API-Key on write and admin routes when set"
     )
+    auth_reads: bool = Field(
+        False,
+        description="also require the API key on the score, rank, nodes and model routes "
+        "(a read can trigger a cold rebuild and store writes)",
+    )
+    checkpoint_key: SecretStr | None = Field(
+        None,
+        description="HMAC-SHA256 key: refuse checkpoints (at start and reload) not signed with it",
+    )
+    checkpoint_key_file: Path | None = Field(
+        None, description="a file holding the checkpoint key (e.g. a mounted secret)"
+    )
 
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024)
     max_batch_events: int = Field(DEFAULT_MAX_BATCH_EVENTS, ge=1)
@@ -91,6 +104,12 @@ class Settings(BaseSettings):
         256,
         ge=0,
         description="torch backend: score calls up to this many pairs run the numpy kernel (0 = never)",
+    )
+
+    store_info_interval_s: float = Field(
+        15.0,
+        gt=0,
+        description="how often /metrics refreshes the store's memory figures (one INFO each)",
     )
 
     late_policy: Literal["reject"] = Field(
@@ -121,6 +140,22 @@ class Settings(BaseSettings):
                     store.pop("url", None)
             data = {**data, "store": store}
         return data
+
+    @model_validator(mode="after")
+    def _one_checkpoint_key(self) -> Settings:
+        if self.checkpoint_key is not None and self.checkpoint_key_file is not None:
+            raise ValueError(
+                "set DYGSERVE_CHECKPOINT_KEY or DYGSERVE_CHECKPOINT_KEY_FILE, not both"
+            )
+        return self
+
+    def checkpoint_verify_key(self) -> bytes | None:
+        """The key checkpoints must be signed with (model.signing), None = not checked."""
+        if self.checkpoint_key is not None:
+            return check_key(self.checkpoint_key.get_secret_value().encode())
+        if self.checkpoint_key_file is not None:
+            return check_key(self.checkpoint_key_file.read_bytes().strip())
+        return None
 
     @property
     def embedded_store(self) -> bool:

@@ -7,6 +7,7 @@ See docs/STATE_STORE.md.
 """
 
 from .base import (
+    STORE_ERROR_REASONS,
     AppendResult,
     EventLog,
     LoggedEvent,
@@ -26,6 +27,7 @@ __all__ = [
     "MemoryStoreConfig",
     "NewEvent",
     "RedisStoreConfig",
+    "STORE_ERROR_REASONS",
     "StateStore",
     "StateTable",
     "StoreConfig",

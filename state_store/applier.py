@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
-from .base import AppendResult, LoggedEvent, NewEvent, StateStore
+from .base import AppendResult, LoggedEvent, NewEvent, StateStore, StoreUnavailable
 from .blob_header import read_watermark
 
 # Upper bound of the random pause before re-reading conflicting nodes, per round so
@@ -53,15 +53,21 @@ class Advance(Protocol):
         ...
 
 
-class ApplyConflictError(RuntimeError):
-    """Some nodes still lost the compare-and-set after ``max_rounds`` rounds."""
+class ApplyConflictError(StoreUnavailable):
+    """Some nodes still lost the compare-and-set after ``max_rounds`` rounds (a 503:
+    the events stay pending, and a retry or the re-drive applies them)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="conflict")
 
 
 @dataclass
 class ApplyStats:
     nodes_applied: int = 0  # node blobs written
     events_applied: int = 0  # (event, endpoint) applications written
-    cold_rebuilds: int = 0  # nodes written that had no blob (rebuilt from history)
+    # nodes written that had no blob but earlier history (rebuilt from it; a node whose
+    # first events are the ones being applied is new, not rebuilt)
+    cold_rebuilds: int = 0
     conflicts: int = 0  # lost compare-and-sets (each re-read and re-applied)
     round_trips: int = 0  # store calls made (each one round trip, one per slot group on a cluster)
     rounds: int = 0  # read-advance-write rounds
@@ -155,11 +161,15 @@ def apply_nodes(
     advance: Advance,
     max_rounds: int = 8,
     known: dict[str, JustLogged] | None = None,
+    bringing: frozenset[int] | None = None,
 ) -> ApplyStats:
     """Bring the stored blobs of ``nodes`` up to date with their histories.
 
     ``known`` (from the append that just logged events of these nodes) lets the first
     round skip the history read of nodes that were up to date before that append.
+    ``bringing``: the seqs of the events this call applies (just logged, or pending);
+    a node without a blob whose history starts with one of them is new, not a cold
+    rebuild. None: every node written without a blob counts as rebuilt (a backfill).
     """
     stats = ApplyStats()
     todo = _unique(nodes)
@@ -189,7 +199,9 @@ def apply_nodes(
             if todo[i] in written:
                 stats.nodes_applied += 1
                 stats.events_applied += len(histories[i])
-                stats.cold_rebuilds += blobs[i] is None
+                stats.cold_rebuilds += blobs[i] is None and (
+                    bringing is None or histories[i][0].seq not in bringing
+                )
         stats.conflicts += len(outcome.conflicts)
         todo = list(outcome.conflicts)
         if todo:  # another writer won these nodes: let it finish before re-reading
@@ -216,7 +228,15 @@ def apply_logged(
     """
     nodes = _unique(n for e in events for n in (e.src, e.dst))
     known = just_logged(events, previous_seq) if previous_seq else None
-    stats = apply_nodes(store, version, nodes, advance, max_rounds=max_rounds, known=known)
+    stats = apply_nodes(
+        store,
+        version,
+        nodes,
+        advance,
+        max_rounds=max_rounds,
+        known=known,
+        bringing=frozenset(e.seq for e in events),
+    )
     if events:
         store.mark_applied([e.seq for e in events])
         stats.round_trips += 1

@@ -26,10 +26,11 @@ watermark the writer read (or is still absent). A loser re-reads and re-applies.
 Additions to the first version of this interface (nothing existing was renamed or
 changed in meaning):
 
-* ``StoreUnavailable``: raised by every backend when the store cannot be reached
-  (connection refused or lost, timeout, cluster down, read-only replica after a
-  failover). The service answers 503 with it. Other errors (bad arguments) stay
-  ordinary exceptions.
+* ``StoreUnavailable``: raised by every backend when the store cannot do a call for
+  a reason with a name (connection refused or lost, timeout, cluster down, read-only
+  replica after a failover, out of memory, loading, busy, ...; its ``reason`` is one
+  of ``STORE_ERROR_REASONS``). The service answers 503 with it. Other errors (bad
+  arguments) stay ordinary exceptions.
 * ``append_events`` may also refuse an event whose ``t`` lies more than the store's
   ``max_future_skew`` beyond the latest logged time; such events are listed in
   ``AppendResult.late`` too, with a reason starting ``"future: "`` (late ones start
@@ -47,6 +48,8 @@ changed in meaning):
   ``t``; the service validates before, this is a last guard.
 * ``StateStore.backend``: a short name of the backend ("memory", "redis",
   "redis-cluster") for logs and metrics.
+* ``StateStore.memory()``: the store's memory use, limit and eviction count
+  (``StoreMemory``; None for the embedded store), sampled for metrics.
 """
 
 from __future__ import annotations
@@ -56,12 +59,48 @@ from typing import NamedTuple, Protocol
 
 from .blob_header import Watermark
 
+# Why a store call failed, for every error with a name: the service answers each with
+# a 503 and Retry-After (never a 500), and counts it by this reason.
+STORE_ERROR_REASONS = (
+    "connection",  # refused, reset, lost
+    "timeout",
+    "oom",  # maxmemory reached and nothing may be evicted (noeviction, or no TTL key left)
+    "readonly",  # a replica, e.g. during a failover
+    "loading",  # the server is loading its dataset after a restart
+    "busy",  # a script runs past its time limit
+    "masterdown",  # a replica that lost its master and serves no stale data
+    "clusterdown",  # the cluster cannot serve (slots uncovered, no quorum)
+    "tryagain",  # a multi-key command during a resharding
+    "misconf",  # the server refuses writes because it cannot persist
+    "conflict",  # a compare-and-set still losing after the applier's last round
+)
+# Of those, the ones where the store cannot be reached at all: the replica is then not
+# ready (/readyz 503). A full or busy store still answers reads, so it stays ready.
+UNREACHABLE_REASONS = frozenset(
+    {"connection", "timeout", "loading", "masterdown", "clusterdown", "tryagain"}
+)
+
 
 class StoreUnavailable(Exception):
-    """The store cannot be reached (connection refused/lost, timeout, cluster down).
+    """The store cannot do the call now, for a reason that has a name
+    (``STORE_ERROR_REASONS``): connection refused or lost, timeout, cluster down,
+    read-only replica, out of memory, busy, a compare-and-set conflict past its retries.
 
-    The service maps it to HTTP 503. The original error is chained as ``__cause__``.
+    The service maps it to HTTP 503 with Retry-After. The original error is chained as
+    ``__cause__``. Nothing a failed call started is left half-done: appends and
+    compare-and-set writes are atomic scripts, and logged events stay pending until
+    both endpoints are applied.
     """
+
+    def __init__(self, message: str, reason: str = "connection") -> None:
+        super().__init__(message)
+        if reason not in STORE_ERROR_REASONS:
+            raise ValueError(f"unknown store error reason {reason!r}")
+        self.reason = reason
+
+    @property
+    def unreachable(self) -> bool:
+        return self.reason in UNREACHABLE_REASONS
 
 
 class LoggedEvent(NamedTuple):
@@ -105,6 +144,17 @@ class AppendResult:
     def rejected(self) -> list[tuple[int, str]]:
         """Every refused event, (index, reason): late ("late: ...") and future ("future: ...")."""
         return self.late
+
+
+@dataclass(frozen=True)
+class StoreMemory:
+    """What the store says about its memory (Redis: INFO memory and stats; summed over
+    the masters of a cluster)."""
+
+    used_bytes: int
+    max_bytes: int  # maxmemory; 0 = no limit
+    evicted_keys: int  # keys evicted since the server started (its own counter)
+    policy: str  # maxmemory-policy
 
 
 @dataclass
@@ -171,6 +221,11 @@ class StateStore(StateTable, EventLog, Protocol):
     backend: str  # "memory", "redis" or "redis-cluster", for logs and metrics
 
     def ping(self) -> bool: ...
+
+    def memory(self) -> StoreMemory | None:
+        """The store's memory use and eviction count (one round trip, for a sampled
+        metric, never per request); None where the backend has no such figures."""
+        ...
 
     def close(self) -> None: ...
 

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 
-from .base import AppendResult, LoggedEvent, NewEvent, StateStore, WriteOutcome
+from .base import AppendResult, LoggedEvent, NewEvent, StateStore, StoreMemory, WriteOutcome
 from .blob_header import HEADER_SIZE, pack_watermark, watermark_bytes
 from .common import event_ids, event_time, future_reason, late_reason
 from .config import MemoryStoreConfig
@@ -219,6 +219,9 @@ class InMemoryStore(StateStore):
 
     async def aclose(self) -> None:
         """Nothing to release: reads never left the process."""
+
+    def memory(self) -> StoreMemory | None:
+        return None  # in-process: the service's own memory metrics cover it
 
     def close(self) -> None:
         self._closed = True

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -45,7 +46,15 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
-from .base import AppendResult, LoggedEvent, NewEvent, StateStore, StoreUnavailable, WriteOutcome
+from .base import (
+    AppendResult,
+    LoggedEvent,
+    NewEvent,
+    StateStore,
+    StoreMemory,
+    StoreUnavailable,
+    WriteOutcome,
+)
 from .blob_header import pack_watermark
 from .common import (
     decode_event,
@@ -75,7 +84,12 @@ from .config import RedisStoreConfig
 # few hubs sends a fraction of the strings. Dedupe marks are members of one sorted set
 # scored by expiry (a key per event with PX cost ~4x as much per event); expired ones
 # are dropped first, so any member is live.
-APPEND_LUA = """
+# The shebang makes it a Redis 7 script with flags (none): one that may write and is
+# not "allow-oom", so a full Redis (maxmemory under noeviction) refuses the whole call
+# with OOM before it runs. Without it Redis checks memory only at the script's first
+# write of a "denyoom" command, and the ZREMRANGEBYSCORE below (a write, not denyoom)
+# comes first and lets every later write through: the log then grew past maxmemory.
+APPEND_LUA = """#!lua
 local n = tonumber(ARGV[1])
 local ttl = ARGV[2]
 local cap = tonumber(ARGV[3])
@@ -254,22 +268,56 @@ local i = start - first
 return redis.call('LRANGE', KEYS[1], i, i + tonumber(ARGV[2]) - 1)
 """
 
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
-    rex.ConnectionError,  # includes BusyLoadingError
-    rex.TimeoutError,
-    rex.ClusterDownError,
-    rex.ClusterError,
-    rex.MasterDownError,
-    rex.ReadOnlyError,
-    rex.TryAgainError,
-    rex.RedisClusterException,
+# redis-py's classes for conditions with a name, most specific first (BusyLoadingError
+# is a ConnectionError, ReadOnlyError and OutOfMemoryError are ResponseErrors).
+_ERROR_CLASSES: tuple[tuple[type[BaseException], str], ...] = (
+    (rex.BusyLoadingError, "loading"),
+    (rex.TimeoutError, "timeout"),
+    (rex.ConnectionError, "connection"),
+    (rex.OutOfMemoryError, "oom"),
+    (rex.ReadOnlyError, "readonly"),
+    (rex.MasterDownError, "masterdown"),
+    (rex.TryAgainError, "tryagain"),
+    (rex.ClusterDownError, "clusterdown"),
+    (rex.ClusterError, "clusterdown"),
+    (rex.RedisClusterException, "clusterdown"),
 )
+# Error replies by their first word, for the ones redis-py leaves as a plain
+# ResponseError (BUSY, MISCONF) and for errors met inside a Lua script: Redis 7 passes
+# the inner error's word through; Redis 6 wraps it as "ERR Error running script ...
+# -OOM ...", hence the "-" form.
+_ERROR_WORDS = {
+    "OOM": "oom",
+    "BUSY": "busy",
+    "LOADING": "loading",
+    "READONLY": "readonly",
+    "MASTERDOWN": "masterdown",
+    "CLUSTERDOWN": "clusterdown",
+    "TRYAGAIN": "tryagain",
+    "MISCONF": "misconf",
+}
+_ERROR_WORD = re.compile(r"(?:^|\s-)(" + "|".join(_ERROR_WORDS) + r")\b")
+# What _guard catches (then sorts with store_error_reason; the rest re-raises as is).
+_CAUGHT: tuple[type[BaseException], ...] = (rex.RedisError, rex.RedisClusterException)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _unavailable(e: BaseException) -> StoreUnavailable:
-    return StoreUnavailable(f"state store unavailable: {type(e).__name__}: {e}")
+def store_error_reason(e: BaseException) -> str | None:
+    """The ``STORE_ERROR_REASONS`` entry of a redis-py error, or None for an error
+    without a name (a bug, a wrong argument: those stay 500s)."""
+    for cls, reason in _ERROR_CLASSES:
+        if isinstance(e, cls):
+            return reason
+    if isinstance(e, rex.ResponseError):
+        m = _ERROR_WORD.search(str(e))
+        if m:
+            return _ERROR_WORDS[m.group(1)]
+    return None
+
+
+def _unavailable(e: BaseException, reason: str) -> StoreUnavailable:
+    return StoreUnavailable(f"{type(e).__name__}: {e}", reason)
 
 
 def _guard(fn: F) -> F:
@@ -279,8 +327,11 @@ def _guard(fn: F) -> F:
             return fn(*args, **kwargs)
         except StoreUnavailable:
             raise
-        except _UNAVAILABLE as e:
-            raise _unavailable(e) from e
+        except _CAUGHT as e:
+            reason = store_error_reason(e)
+            if reason is None:
+                raise
+            raise _unavailable(e, reason) from e
 
     return wrapper  # type: ignore[return-value]
 
@@ -348,8 +399,11 @@ class RedisStore(StateStore):
                 raise ValueError(
                     f"unsupported store URL scheme {scheme!r}: use redis://, rediss://, unix:// or redis+cluster://"
                 )
-        except _UNAVAILABLE as e:
-            raise _unavailable(e) from e
+        except _CAUGHT as e:
+            reason = store_error_reason(e)
+            if reason is None:
+                raise
+            raise _unavailable(e, reason) from e
         p = config.key_prefix
         self._state_prefix = p
         log = f"{p}:{{{p}:log}}"
@@ -439,8 +493,11 @@ class RedisStore(StateStore):
         keys = [self.state_key(version, n) for n in nodes]
         try:
             return list(await self._async_client().execute_command("MGET", *keys))
-        except _UNAVAILABLE as e:
-            raise _unavailable(e) from e
+        except _CAUGHT as e:
+            reason = store_error_reason(e)
+            if reason is None:
+                raise
+            raise _unavailable(e, reason) from e
 
     async def aclose(self) -> None:
         if self._async is not None:
@@ -655,11 +712,30 @@ class RedisStore(StateStore):
         except (rex.RedisError, rex.RedisClusterException):
             return False
 
+    @_guard
+    def memory(self) -> StoreMemory | None:
+        if self.cluster:  # one dict per master
+            per_node = self._r.info("memory", "stats", target_nodes=RedisCluster.PRIMARIES)
+            infos = list(per_node.values()) if _is_per_node(per_node) else [per_node]
+        else:
+            infos = [self._r.execute_command("INFO", "memory", "stats")]
+        return StoreMemory(
+            used_bytes=sum(int(i.get("used_memory", 0)) for i in infos),
+            max_bytes=sum(int(i.get("maxmemory", 0)) for i in infos),
+            evicted_keys=sum(int(i.get("evicted_keys", 0)) for i in infos),
+            policy=str(infos[0].get("maxmemory_policy", "")) if infos else "",
+        )
+
     def close(self) -> None:
         try:
             self._r.close()
         except Exception:  # pragma: no cover - closing a dead connection
             pass
+
+
+def _is_per_node(info: dict[Any, Any]) -> bool:
+    """RedisCluster.info answers one dict per node, or a single node's dict itself."""
+    return bool(info) and all(isinstance(v, dict) for v in info.values())
 
 
 def _parse_hosts(netloc_hosts: str) -> Iterable[tuple[str, int]]:

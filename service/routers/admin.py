@@ -11,11 +11,12 @@ from starlette.concurrency import run_in_threadpool
 from model.checkpoint import CheckpointError
 
 from .. import metrics
-from ..auth import require_api_key
+from ..auth import require_api_key, require_read_key
 from ..deps import EngineDep, SettingsDep
 from ..engine import Engine, ModelRuntime, RequestRefused
 from ..errors import ERROR_RESPONSES
 from ..gc_tuning import refreeze
+from ..public_info import checkpoint_name, without_absolute_paths
 from ..schemas import KernelInfo, ModelInfo, ReloadRequest
 
 log = logging.getLogger("dygserve")
@@ -28,7 +29,7 @@ def model_info(engine: Engine) -> ModelInfo:
     providers = getattr(rt.model, "session_providers", {}).get("readout_head")
     return ModelInfo(
         model_version=rt.version,
-        checkpoint=str(rt.checkpoint.path),
+        checkpoint=checkpoint_name(rt.checkpoint.path),  # no absolute paths (public_info)
         backend=rt.backend,
         device=str(rt.device),
         kernels=KernelInfo(
@@ -37,11 +38,11 @@ def model_info(engine: Engine) -> ModelInfo:
             scoring_providers=list(providers) if providers is not None else None,
         ),
         config=rt.config.model_dump(mode="json"),
-        metrics=rt.checkpoint.metrics,
+        metrics=without_absolute_paths(rt.checkpoint.metrics),
     )
 
 
-@router.get("/v1/model")
+@router.get("/v1/model", dependencies=[Depends(require_read_key)])
 async def get_model(engine: EngineDep) -> ModelInfo:
     return model_info(engine)
 
@@ -61,7 +62,12 @@ async def reload(body: ReloadRequest, engine: EngineDep, settings: SettingsDep) 
         raise RequestRefused(403, "checkpoints load only from under the models directory")
     try:
         runtime = await run_in_threadpool(
-            ModelRuntime.load, target, settings.backend, None, settings.device
+            ModelRuntime.load,
+            target,
+            settings.backend,
+            None,
+            settings.device,
+            settings.checkpoint_verify_key(),
         )
     except (CheckpointError, OSError, ValueError) as exc:
         raise RequestRefused(

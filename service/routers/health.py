@@ -33,6 +33,9 @@ async def readyz(request: Request, response: Response) -> Readiness:
 
 
 @router.get("/metrics")
-async def prometheus_metrics() -> Response:
+async def prometheus_metrics(request: Request) -> Response:
+    engine: Engine | None = getattr(request.app.state, "engine", None)
+    if engine is not None:  # the store's memory figures, sampled in the background
+        request.app.state.store_info.poke(engine.store)
     data, content_type = metrics.render()
     return Response(data, media_type=content_type)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from starlette.concurrency import run_in_threadpool
 
 from model.node_ids import MAX_ID_BYTES
 
+from ..auth import require_read_key
 from ..deps import EngineDep
 from ..engine import RequestRefused
 from ..errors import ERROR_RESPONSES
 from ..schemas import NodeSummary
 
-router = APIRouter(tags=["debug"], responses=ERROR_RESPONSES)
+router = APIRouter(
+    tags=["debug"], responses=ERROR_RESPONSES, dependencies=[Depends(require_read_key)]
+)
 
 
 @router.get("/v1/nodes/{node}")

@@ -6,11 +6,12 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
 from model.node_ids import MAX_ID_BYTES
 
 from .. import metrics
+from ..auth import require_read_key
 from ..deps import BatcherDep, SettingsDep
 from ..engine import RequestRefused
 from ..errors import ERROR_RESPONSES
@@ -23,7 +24,9 @@ from ..schemas import (
     ScoreResponse,
 )
 
-router = APIRouter(tags=["score"], responses=ERROR_RESPONSES)
+router = APIRouter(
+    tags=["score"], responses=ERROR_RESPONSES, dependencies=[Depends(require_read_key)]
+)
 
 
 @router.get("/v1/score")

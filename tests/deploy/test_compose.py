@@ -144,6 +144,19 @@ def test_redis_is_durable_and_checked(compose, services):
     assert named[0] in (compose.get("volumes") or {})
 
 
+def test_eviction_policy_and_state_ttl_agree(services):
+    """volatile-* evicts only keys with a TTL, and only state blobs carry one: without a
+    state TTL nothing is evictable and a full Redis refuses every write (issue 15)."""
+    from service.store_info import eviction_warning
+
+    cmd = [_interpolate_default(c) for c in _as_list(services["redis"]["command"])]
+    policy = cmd[cmd.index("--maxmemory-policy") + 1] if "--maxmemory-policy" in cmd else ""
+    assert "--maxmemory" in cmd, "a Redis without maxmemory grows until the host runs out"
+    ttl = _interpolate_default(_env(services[SERVICE]).get("DYGSERVE_STATE_TTL_S", ""))
+    assert eviction_warning(policy, float(ttl) if ttl else None) is None, (policy, ttl)
+    assert policy.startswith("volatile-") and float(ttl) > 0
+
+
 def test_service_definition(services):
     s = services[SERVICE]
     ctx = (DEPLOY / s["build"]["context"]).resolve()

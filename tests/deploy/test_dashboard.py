@@ -36,6 +36,10 @@ FIXED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "dygserve_kernel_path": ("gauge", frozenset({"path"})),
     "dygserve_in_flight_requests": ("gauge", frozenset()),
     "dygserve_http_requests_total": ("counter", frozenset({"route", "status"})),
+    "dygserve_store_errors_total": ("counter", frozenset({"reason"})),
+    "dygserve_store_memory_used_bytes": ("gauge", frozenset()),
+    "dygserve_store_memory_max_bytes": ("gauge", frozenset()),
+    "dygserve_store_evicted_keys_total": ("counter", frozenset()),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 TARGET_LABELS = frozenset({"instance", "job"})  # added by Prometheus at scrape time
@@ -250,3 +254,7 @@ def test_required_panels_are_there():
     assert has(r"dygserve_model_info")
     assert has(r"dygserve_in_flight_requests")
     assert has(r"by \((le, )?kind\) \(rate\(dygserve_batch_size_")
+    # the store's memory against its limit, its evictions, its errors by reason
+    assert has(r"dygserve_store_memory_used_bytes") and has(r"dygserve_store_memory_max_bytes")
+    assert has(r"rate\(dygserve_store_evicted_keys_total")
+    assert has(r"by \(reason\) \(rate\(dygserve_store_errors_total")

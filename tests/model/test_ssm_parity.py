@@ -1,7 +1,9 @@
 """Invariant 1 (step/scan parity) and invariant 2 (decay composition).
 
-Step and scan are each compared with an independent float64 loop written here from
-the equations (not from either implementation), and with each other.
+Step, scan and the serving kernel (``ranked``, rank-major) are each compared with an
+independent float64 loop written here from the equations (not from any of them), and
+step and scan with each other; broken variants of the scan and of ``ranked`` must
+fail that comparison.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import model.ssm as ssm_module
 from model.config import ModelConfig
-from model.events import EventInputs
+from model.events import EventInputs, NodeEvent
 from model.link_model import DygMambaLinkModel
 from model.node_state import NodeStates
-from model.ssm import DELTA_MAX_LOG_DECAY, LOG_DECAY_FLOOR, decay_factor
+from model.ssm import DELTA_MAX_LOG_DECAY, LOG_DECAY_FLOOR, SelectiveSSMLayer, decay_factor
 
 RTOL, ATOL = 1e-5, 1e-5
 
@@ -208,23 +211,132 @@ def test_padding_does_not_change_state():
     assert torch.equal(clean.t_last, dirty.t_last)
 
 
-def test_a_broken_scan_is_caught():
-    """The parity check has teeth: a scan that forgets one decay step is detected."""
-    cfg = ModelConfig()
+def per_node_events(ev: EventInputs, lengths: torch.Tensor) -> list[list[NodeEvent]]:
+    """The padded (N, T) events as each node's list, what ``advance`` (rank-major) takes."""
+    return [
+        [
+            NodeEvent(
+                int(ev.other_key[n, k]),
+                int(ev.role[n, k]),
+                ev.features[n, k].tolist(),
+                float(ev.t[n, k]),
+                int(ev.seq[n, k]),
+            )
+            for k in range(int(lengths[n]))
+        ]
+        for n in range(ev.t.shape[0])
+    ]
+
+
+def small_blocks(monkeypatch: pytest.MonkeyPatch, block_elements: int) -> None:
+    """Make ``ranked`` materialise its decays in many small runs of ranks (its bounded
+    memory path) instead of one."""
+    ranked = SelectiveSSMLayer.ranked
+    monkeypatch.setattr(
+        SelectiveSSMLayer,
+        "ranked",
+        lambda self, *a, **k: ranked(self, *a, **{**k, "block_elements": block_elements}),
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    cfg=configs,
+    seed=st.integers(0, 2**16),
+    n=st.integers(1, 5),
+    t_len=st.integers(1, 40),
+    gap_kind=st.sampled_from(["regular", "equal", "huge", "mixed"]),
+    blocks=st.sampled_from([None, 64]),
+)
+def test_ranked_agrees_with_the_float64_reference(cfg, seed, n, t_len, gap_kind, blocks):
+    """The serving kernel (``advance``: rank-major ``SelectiveSSMLayer.ranked``) against
+    the independent float64 loop, directly: carried states (random h and conv tails,
+    a node that never saw an event), zero gaps ("equal", "mixed"), huge gaps, 1 to 3
+    layers, and its small-block path."""
+    torch.manual_seed(seed)
+    model = DygMambaLinkModel(cfg).eval()
+    s0, ev, lengths = random_case(seed, n, t_len, cfg, gap_kind)
+    with pytest.MonkeyPatch.context() as mp:
+        if blocks is not None:
+            small_blocks(mp, blocks)
+        with torch.no_grad():
+            ranked = model.advance(s0, per_node_events(ev, lengths))
+    with torch.no_grad():
+        ref_h, ref_conv = reference_fold(model, s0, ev, lengths)
+    assert_close(ranked.h, ref_h)
+    assert_close(ranked.conv, ref_conv)
+    assert torch.equal(ranked.n_events, s0.n_events + lengths)
+
+
+@pytest.mark.parametrize("gap_kind", ["equal", "mixed", "huge"])
+def test_ranked_on_three_layers_with_carried_states(gap_kind):
+    cfg = ModelConfig(edge_feature_dim=3, n_layers=3, d_model=16, d_state=8, delta_min=1e-4)
+    torch.manual_seed(11)
+    model = DygMambaLinkModel(cfg).eval()
+    s0, ev, lengths = random_case(12, 6, 50, cfg, gap_kind)
+    assert bool(torch.isfinite(s0.t_last[:-1]).all()) and float(s0.h.abs().sum()) > 0
+    with torch.no_grad():
+        ranked = model.advance(s0, per_node_events(ev, lengths))
+        ref_h, ref_conv = reference_fold(model, s0, ev, lengths)
+    assert_close(ranked.h, ref_h)
+    assert_close(ranked.conv, ref_conv)
+
+
+def scan_dropping_last_position(original):  # type: ignore[no-untyped-def]
+    """A scan whose valid mask is off by one: the last input of each node is dropped."""
+
+    def broken(self, state0, r, g, phi, lengths, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return original(self, state0, r, g, phi, (lengths - 1).clamp(min=0), *args, **kwargs)
+
+    return broken
+
+
+def scan_with_wrong_decay(original):  # type: ignore[no-untyped-def]
+    """A scan that decays by exp(0.9 A Delta) instead of exp(A Delta)."""
+
+    def broken(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        right = self.event_log_decay
+        self.event_log_decay = lambda delta: 0.9 * right(delta)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            del self.event_log_decay
+
+    return broken
+
+
+@pytest.mark.parametrize("breakage", [scan_dropping_last_position, scan_with_wrong_decay])
+def test_a_broken_scan_is_caught(breakage, monkeypatch):
+    """The parity check has teeth: the scan itself is broken (its valid mask drops an
+    input position, or its decay is wrong) on inputs left as they are, and the
+    comparison with the float64 reference fails; the intact scan passes it."""
+    cfg = ModelConfig(n_layers=2)
     model = DygMambaLinkModel(cfg).eval()
     s0, ev, lengths = random_case(3, 3, 20, cfg, "regular")
     with torch.no_grad():
-        stepped = fold_step(model, s0, ev, lengths)
-        ev_off = EventInputs(
-            ev.other_key,
-            ev.role,
-            ev.features,
-            ev.t + torch.linspace(0, 1, 20, dtype=torch.float64),
-            ev.seq,
-        )
-        scanned_wrong, _ = model.scan(s0, ev_off, lengths)
+        ref_h, _ = reference_fold(model, s0, ev, lengths)
+        intact, _ = model.scan(s0, ev, lengths)
+        assert_close(intact.h, ref_h)
+        monkeypatch.setattr(SelectiveSSMLayer, "scan", breakage(SelectiveSSMLayer.scan))
+        broken, _ = model.scan(s0, ev, lengths)
     with pytest.raises(AssertionError):
-        assert_close(scanned_wrong.h, stepped.h)
+        assert_close(broken.h, ref_h)
+
+
+def test_a_broken_ranked_decay_is_caught(monkeypatch):
+    """Same for the serving kernel: a wrong decay in the rank-major recurrence."""
+    cfg = ModelConfig(n_layers=2)
+    model = DygMambaLinkModel(cfg).eval()
+    s0, ev, lengths = random_case(4, 3, 20, cfg, "regular")
+    per_node = per_node_events(ev, lengths)
+    with torch.no_grad():
+        ref_h, _ = reference_fold(model, s0, ev, lengths)
+        assert_close(model.advance(s0, per_node).h, ref_h)
+        right = ssm_module.decay_factor_
+        monkeypatch.setattr(ssm_module, "decay_factor_", lambda x: right(0.9 * x))
+        broken = model.advance(s0, per_node)
+    with pytest.raises(AssertionError):
+        assert_close(broken.h, ref_h)
 
 
 @settings(max_examples=30, deadline=None)

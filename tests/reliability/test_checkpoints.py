@@ -169,3 +169,83 @@ def test_refused_at_hot_reload_previous_version_keeps_serving(models, tmp_path, 
     finally:
         stop.set()
         svc.stop()
+
+
+SIGNING_KEY = "a-signing-key-of-enough-bytes"
+
+
+def test_signature_required_at_start_and_at_reload(models, tmp_path):
+    """With DYGSERVE_CHECKPOINT_KEY set, an unsigned or wrongly signed checkpoint is
+    refused at start (exit 2, one line) and at reload (422, the old version serves);
+    a checkpoint signed with `dygserve sign-checkpoint` and the key is accepted."""
+    root = tmp_path / "signed-models"
+    shutil.copytree(models / "good", root / "good")
+    shutil.copytree(models / "other", root / "unsigned")
+    shutil.copytree(models / "other", root / "wrong-key")
+    shutil.copytree(models / "other", root / "signed")
+    key_file = tmp_path / "key"
+    for name, key in (
+        ("good", SIGNING_KEY),
+        ("wrong-key", "another-key-of-16-bytes"),
+        ("signed", SIGNING_KEY),
+    ):
+        key_file.write_text(key)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "service.cli",
+                "sign-checkpoint",
+                str(root / name),
+                "--key-file",
+                str(key_file),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+
+    env = {"PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1", "DYGSERVE_CHECKPOINT_KEY": SIGNING_KEY}
+    for name, reason in (("unsigned", "not signed"), ("wrong-key", "signature does not match")):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "service.cli",
+                "serve",
+                "--checkpoint",
+                str(root / name),
+                "--port",
+                str(free_port()),
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert done.returncode == 2, (name, done.returncode, done.stderr[-2000:])
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: checkpoint refused:") and reason in last, last
+
+    svc = serve(
+        tmp_path / "svc",
+        {
+            "DYGSERVE_CHECKPOINT": str(root / "good"),
+            "DYGSERVE_MODELS_DIR": str(root),
+            "DYGSERVE_CHECKPOINT_KEY": SIGNING_KEY,
+        },
+    )
+    try:
+        with svc.client() as c:
+            before = c.get("/v1/model").json()["model_version"]
+            for name, reason in (("unsigned", "not signed"), ("wrong-key", "does not match")):
+                r = c.post("/v1/admin/reload", json={"checkpoint": name})
+                assert r.status_code == 422 and reason in r.json()["detail"], (name, r.text)
+                assert c.get("/v1/model").json()["model_version"] == before
+            r = c.post("/v1/admin/reload", json={"checkpoint": "signed"})
+            assert r.status_code == 200 and r.json()["model_version"] != before, r.text
+    finally:
+        svc.stop()

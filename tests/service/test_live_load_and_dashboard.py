@@ -1,14 +1,17 @@
-"""The load generator against the real service, and every metric the Grafana
-dashboard queries present in that service's live /metrics after the traffic."""
+"""The load generator against the real service on a real Redis (as deployed), and
+every metric the Grafana dashboard queries present in that service's live /metrics
+after the traffic (the store's memory figures exist only with Redis)."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
 import re
+import time
 from pathlib import Path
 
 from loadtests.replay_load import LoadConfig, run_load
+from tests.support.redis_server import start_redis
 from tests.support.service_process import start_service
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +27,10 @@ def dashboard_metric_names() -> set[str]:
 
 
 def test_load_generator_and_dashboard_metrics(tmp_path, data_dir):
-    svc = start_service(tmp_path, {})  # bundled checkpoint, embedded store
+    redis = start_redis(tmp_path / "redis")
+    svc = start_service(
+        tmp_path, {"DYGSERVE_REDIS_URL": redis.url, "DYGSERVE_STORE_INFO_INTERVAL_S": "0.2"}
+    )  # bundled checkpoint
     try:
         cfg = LoadConfig(
             url=svc.url,
@@ -47,7 +53,11 @@ def test_load_generator_and_dashboard_metrics(tmp_path, data_dir):
         with svc.client() as c:
             # one late event, so that the rejected-by-reason series exists too
             c.post("/v1/events", json={"events": [{"src": "1", "dst": "2", "t": -1.0}]})
-            text = c.get("/metrics").text
+            # the store's figures are sampled in the background, started by a scrape
+            deadline = time.monotonic() + 20
+            while "dygserve_store_memory_used_bytes" not in (text := c.get("/metrics").text):
+                assert time.monotonic() < deadline, "no store memory figures in /metrics"
+                time.sleep(0.2)
             ingested = float(
                 re.search(r"^dygserve_events_ingested_total (\S+)$", text, re.M).group(1)
             )
@@ -65,3 +75,4 @@ def test_load_generator_and_dashboard_metrics(tmp_path, data_dir):
         assert not missing, f"dashboard metrics absent from live /metrics: {missing}"
     finally:
         svc.stop()
+        redis.stop()
