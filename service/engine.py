@@ -565,6 +565,14 @@ class Engine:
         rt = self.runtime
         blob = self.store.read_states(rt.version, [node])[0]
         history = self.store.read_histories([node])[0]
+        if blob is not None and self._staleness_of(rt).suspects([node], [blob]):
+            # a stale blob is shown caught up, as it would be served (a cold one is
+            # reported as not cached: it is rebuilt on first use)
+            newer = [e for e in history if e.seq > read_watermark(blob)[1]]
+            if newer:
+                blobs: list[bytes | None] = [blob]
+                self._rebuild(rt, [node], blobs, [(0, newer)])
+                blob = blobs[0]
         st, _ = rt.decode([blob])
         t_last = float(st.t_last[0])
         return NodeSummary(
