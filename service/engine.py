@@ -345,12 +345,10 @@ class Engine:
         ]
         maybe_crash(AFTER_LOG)
         # Duplicates an earlier attempt logged but could not apply: this request's to
-        # apply too, or it could not say that its events are applied.
-        waiting = (
-            self.pending_events({new[i].event_id or "" for i in result.duplicates})
-            if result.duplicates
-            else []
-        )
+        # apply too, or it could not say that its events are applied. (An id repeated
+        # inside this request is a duplicate of an event logged just now: applied below.)
+        earlier = {new[i].event_id or "" for i in result.duplicates} - {e.event_id for e in logged}
+        waiting = self.pending_events(earlier) if earlier else []
         metrics.EVENTS_INGESTED.inc(len(logged))
         metrics.EVENTS_DUPLICATE.inc(len(result.duplicates))
         for _, reason in result.late:
