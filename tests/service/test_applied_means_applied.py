@@ -109,17 +109,19 @@ async def test_the_route_reports_pending_duplicates_as_not_applied_without_wait(
 
 def test_an_id_repeated_inside_a_request_is_applied_once(redis_server, models_dir):
     """The second copy is a duplicate of the event this very request logged: it is not
-    looked up as an earlier attempt's pending event (which would apply it twice)."""
+    taken for an earlier attempt's pending event (which applied it twice to a new node)."""
     redis_server.flush()
     store = RedisStore(url=redis_server.url)
     engine = Engine(ModelRuntime.load(models_dir / "a"), store)
-    earlier = wire("r", 2)
-    engine.log_events(engine.runtime, earlier[:1])  # an earlier attempt, still pending
-    rows = [earlier[0], earlier[1], dict(earlier[1], dst="r-other", t=5.0)]  # id r-e1 twice
+    earlier = wire("r", 1)
+    engine.log_events(engine.runtime, earlier)  # an earlier attempt, still pending
+    twice = {"src": "n-a", "dst": "n-b", "t": 5.0, "features": [0.5, -1.0], "event_id": "x"}
+    rows = [earlier[0], twice, dict(twice, dst="n-c", t=6.0)]
     out = engine.ingest(rows)
     assert out.accepted == 1 and out.duplicates == 2 and out.applied is True
-    hub = engine.node_summary("r-hub")
-    assert hub.events_applied == hub.history_length == 2
-    assert engine.node_summary("r-other").history_length == 0
+    new = engine.node_summary("n-a")
+    assert new.events_applied == new.history_length == 1
+    assert engine.node_summary("r-hub").events_applied == 1
+    assert engine.node_summary("n-c").history_length == 0
     assert store.pending(10) == []
     store.close()
