@@ -60,8 +60,11 @@ Pair = tuple[str, str, float | None]
 
 # Nodes remembered as checked current (per process), before the memory is dropped.
 VERIFIED_NODES_MAX = 200_000
-# Pending events read per page when a retry looks for its own still-pending events.
+# Pending events read per page when a retry looks for its own still-pending events,
+# and the most pages read: past that (a backlog after an outage) the retry answers
+# "applied": false for what it did not find, and the re-drive applies the backlog.
 PENDING_PAGE = 1000
+PENDING_PAGES_MAX = 10
 
 
 @dataclass(frozen=True)
@@ -316,7 +319,7 @@ class Engine:
         result, logged = self.log_events(rt, events)
         if logged and apply:
             self.apply(rt, logged)
-        result.applied = apply or not logged
+        result.applied = (apply or not logged) and not logged.unconfirmed
         return result
 
     def log_events(
@@ -348,7 +351,9 @@ class Engine:
         # apply too, or it could not say that its events are applied. (An id repeated
         # inside this request is a duplicate of an event logged just now: applied below.)
         earlier = {new[i].event_id or "" for i in result.duplicates} - {e.event_id for e in logged}
-        waiting = self.pending_events(earlier) if earlier else []
+        waiting, unconfirmed = self.pending_events(earlier) if earlier else ([], 0)
+        if unconfirmed:
+            self.needs_redrive = True  # a backlog: the background re-drive works it off
         metrics.EVENTS_INGESTED.inc(len(logged))
         metrics.EVENTS_DUPLICATE.inc(len(result.duplicates))
         for _, reason in result.late:
@@ -359,22 +364,23 @@ class Engine:
             rejected=[Rejected(index=i, reason=r) for i, r in result.late],
             applied=False,
         )
-        return summary, LoggedBatch(waiting + logged, result.previous_seq)
+        return summary, LoggedBatch(waiting + logged, result.previous_seq, unconfirmed)
 
-    def pending_events(self, event_ids: set[str]) -> list[LoggedEvent]:
-        """Those of ``event_ids`` still pending (logged, not applied), oldest first.
-        Only a request with duplicates asks (a retry); the pending set is short unless
-        applies fail, and it is read page by page until every id is found."""
+    def pending_events(self, event_ids: set[str]) -> tuple[list[LoggedEvent], int]:
+        """Those of ``event_ids`` still pending (logged, not applied), oldest first, and
+        how many ids are left unknown because the scan stopped. Only a request with
+        duplicates asks (a retry); the pending set is short unless applies fail, and it
+        is read page by page until every id is found, at most ``PENDING_PAGES_MAX`` pages."""
         found: list[LoggedEvent] = []
         after: int | None = None
         with timed_store("pending"):
-            while len(found) < len(event_ids):
+            for _ in range(PENDING_PAGES_MAX):
                 page = self.store.pending(PENDING_PAGE, after_seq=after)
                 found += [e for e in page if e.event_id in event_ids]
-                if len(page) < PENDING_PAGE:
-                    break
+                if len(found) == len(event_ids) or len(page) < PENDING_PAGE:
+                    return found, 0
                 after = page[-1].seq
-        return found
+        return found, len(event_ids) - len(found)
 
     def apply_in_background(self, rt: ModelRuntime, logged: LoggedBatch) -> None:
         """For ``wait=false``: a failure leaves the events pending for the re-drive."""

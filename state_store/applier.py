@@ -112,6 +112,9 @@ class LoggedBatch:
 
     events: list[LoggedEvent]
     previous_seq: dict[str, int] = field(default_factory=dict)  # AppendResult.previous_seq
+    # duplicates of the request whose pending state was not looked up (a pending set
+    # longer than the caller's scan): the request cannot say they are applied
+    unconfirmed: int = 0
 
     def __len__(self) -> int:
         return len(self.events)

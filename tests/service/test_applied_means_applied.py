@@ -125,3 +125,27 @@ def test_an_id_repeated_inside_a_request_is_applied_once(redis_server, models_di
     assert engine.node_summary("n-c").history_length == 0
     assert store.pending(10) == []
     store.close()
+
+
+def test_a_retry_behind_a_long_backlog_does_not_claim_applied(
+    redis_server, models_dir, monkeypatch
+):
+    """The scan for its own pending events is bounded (a backlog after an outage can be
+    long); what it did not find it cannot call applied, and the re-drive is due."""
+    import service.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PENDING_PAGES_MAX", 1)  # one page of 1,000
+    redis_server.flush()
+    store = RedisStore(url=redis_server.url)
+    engine = Engine(ModelRuntime.load(models_dir / "a"), store)
+    engine.log_events(engine.runtime, wire("backlog", 1500))
+    mine = wire("late", 2)
+    engine.log_events(engine.runtime, mine)  # pending behind the first page
+    engine.needs_redrive = False
+    retry = engine.ingest(mine)
+    assert retry.duplicates == 2 and retry.applied is False
+    assert engine.needs_redrive is True
+    engine.redrive()
+    assert engine.ingest(mine).applied is True
+    assert engine.node_summary("late-hub").events_applied == 2
+    store.close()
