@@ -15,6 +15,7 @@ from fastapi import Depends, Request
 from .batcher import ScoreBatcher
 from .engine import Engine
 from .lifecycle import BackgroundTasks
+from .model_follower import ModelFollower
 from .settings import Settings
 
 
@@ -38,7 +39,13 @@ async def background_of(request: Request) -> BackgroundTasks:
     return background
 
 
+async def follower_of(request: Request) -> ModelFollower:
+    follower: ModelFollower = request.app.state.follower
+    return follower
+
+
 SettingsDep = Annotated[Settings, Depends(settings_of)]
 EngineDep = Annotated[Engine, Depends(engine_of)]
 BatcherDep = Annotated[ScoreBatcher, Depends(batcher_of)]
 BackgroundDep = Annotated[BackgroundTasks, Depends(background_of)]
+FollowerDep = Annotated[ModelFollower, Depends(follower_of)]

@@ -10,6 +10,13 @@ over every touched node, one compare-and-set pipelined write (``apply_logged``).
 Score: one read of the states, one of the neighbour lists; cold nodes (history
 but no blob) are rebuilt together by one batch scan and written back with a
 compare-and-set that never overwrites a newer state; then decay, read-out, head.
+
+Stale blobs: a blob is served only when it is current. After a model switch, the
+blobs of a version that was not serving miss the events other versions applied
+meanwhile; the store's version marks (``state_store.versions``) bound which blobs
+can be stale, and only those are checked against their node's history (in the same
+read as the cold nodes' histories) and caught up from the blob itself in the same
+batch scan. While one version has applied everything there is nothing to check.
 """
 
 from __future__ import annotations
@@ -36,9 +43,11 @@ from model.numpy_scorer import NumpyScorer
 from model.protocol import ServedModel
 from model.rank_plan import RankPlan
 from model.streaming import score_nodes
-from state_store.applier import LoggedBatch, apply_logged, redrive
+from state_store.applier import LoggedBatch, apply_logged, catch_up_start, redrive
 from state_store.base import LoggedEvent, NewEvent, StateStore, StoreUnavailable
-from state_store.faults import maybe_crash
+from state_store.blob_header import read_watermark
+from state_store.faults import AFTER_LOG, maybe_crash
+from state_store.versions import NO_MARK, VersionMarks
 
 from . import metrics
 from .schemas import EventsResponse, NodeSummary, Rejected
@@ -48,6 +57,37 @@ log = logging.getLogger("dygserve")
 
 # A candidate link: (src, dst, t); t None means the latest event time seen.
 Pair = tuple[str, str, float | None]
+
+# Nodes remembered as checked current (per process), before the memory is dropped.
+VERIFIED_NODES_MAX = 200_000
+# Pending events read per page when a retry looks for its own still-pending events,
+# and the most pages read: past that (a backlog after an outage) the retry answers
+# "applied": false for what it did not find, and the re-drive applies the backlog.
+PENDING_PAGE = 1000
+PENDING_PAGES_MAX = 10
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """For the serving version: which blobs may be stale (watermark seq below
+    ``missed_upto``), and the nodes already checked current since that bound was set
+    (node -> the watermark seq it was checked at), so each is checked once."""
+
+    version: str
+    missed_upto: int
+    verified: dict[str, int]
+
+    def suspects(self, nodes: Sequence[str], blobs: Sequence[bytes | None]) -> list[int]:
+        """Indices of the blobs that must be checked against their node's history."""
+        if self.missed_upto == NO_MARK:
+            return []  # one version applied everything: the warm path pays nothing
+        out = []
+        for i, b in enumerate(blobs):
+            if b is not None:
+                seq = read_watermark(b)[1]
+                if seq < self.missed_upto and self.verified.get(nodes[i]) != seq:
+                    out.append(i)
+        return out
 
 
 class RequestRefused(ValueError):
@@ -228,25 +268,65 @@ class Engine:
         # processes the compare-and-set keeps it exactly once.
         self._apply_lock = threading.Lock()
         self.needs_redrive = True  # on start: re-drive whatever a crash left logged but unapplied
+        # What every version has applied (the store's marks, plus this process's own
+        # applies at once), and from it which blobs of the serving version may be stale.
+        self._marks = VersionMarks()
+        self._staleness = Staleness(runtime.version, NO_MARK, {})
 
     @property
     def runtime(self) -> ModelRuntime:
         return self._runtime
 
-    def swap(self, runtime: ModelRuntime) -> ModelRuntime:
-        """Hot switch: requests already running finish on the runtime they started with."""
+    @property
+    def marks(self) -> VersionMarks:
+        return self._marks
+
+    def swap(self, runtime: ModelRuntime, marks: VersionMarks | None = None) -> ModelRuntime:
+        """Hot switch: requests already running finish on the runtime they started with.
+        ``marks``: the store's version marks, read just before (the bound of stale blobs)."""
         with self._swap:
             old, self._runtime = self._runtime, runtime
+            self._set_marks(marks or VersionMarks())
         return old
+
+    def refresh_marks(self, marks: VersionMarks) -> None:
+        """The store's version marks, read on every poll of the serving version."""
+        with self._swap:
+            self._set_marks(marks)
+
+    def _note_applied(self, version: str, events: Sequence[LoggedEvent]) -> None:
+        if events:
+            with self._swap:
+                self._set_marks(VersionMarks().with_mark(version, max(e.seq for e in events)))
+
+    def _set_marks(self, marks: VersionMarks) -> None:
+        """(Under ``self._swap``.) Merge ``marks`` in and recompute the stale bound."""
+        self._marks = self._marks.merged(marks)
+        version = self._runtime.version
+        bound = self._marks.missed_upto(version)
+        old = self._staleness
+        if old.version != version or old.missed_upto != bound:
+            self._staleness = Staleness(version, bound, {})
+
+    def _staleness_of(self, rt: ModelRuntime) -> Staleness:
+        st = self._staleness
+        if st.version == rt.version:
+            return st
+        # a request that started before a switch: its version's bound, nothing verified
+        return Staleness(rt.version, self._marks.missed_upto(rt.version), {})
 
     # ----- ingest --------------------------------------------------------------------
     def ingest(self, events: list[dict[str, Any]], apply: bool = True) -> EventsResponse:
-        """Log the events, then (``apply``) commit both endpoints' states before returning."""
+        """Log the events, then (``apply``) commit both endpoints' states before returning.
+
+        ``applied`` is true only when every event of the request is applied: those it
+        logged, and its duplicates that an earlier attempt logged but that are still
+        pending (after a failed apply); a retry with ``apply`` applies those too."""
         rt = self.runtime
         result, logged = self.log_events(rt, events)
         if logged and apply:
             self.apply(rt, logged)
-        result.applied = apply or not logged
+        result.applied = (apply or not logged) and not logged.unconfirmed
         return result
 
     def log_events(
@@ -273,7 +353,14 @@ class Engine:
             for ev, seq in zip(new, result.seqs, strict=True)
             if seq is not None
         ]
-        maybe_crash("after_log")
+        maybe_crash(AFTER_LOG)
+        # Duplicates an earlier attempt logged but could not apply: this request's to
+        # apply too, or it could not say that its events are applied. (An id repeated
+        # inside this request is a duplicate of an event logged just now: applied below.)
+        earlier = {new[i].event_id or "" for i in result.duplicates} - {e.event_id for e in logged}
+        waiting, unconfirmed = self.pending_events(earlier) if earlier else ([], 0)
+        if unconfirmed:
+            self.needs_redrive = True  # a backlog: the background re-drive works it off
         metrics.EVENTS_INGESTED.inc(len(logged))
         metrics.EVENTS_DUPLICATE.inc(len(result.duplicates))
         for _, reason in result.late:
@@ -284,7 +371,23 @@ class Engine:
             rejected=[Rejected(index=i, reason=r) for i, r in result.late],
             applied=False,
         )
-        return summary, LoggedBatch(logged, result.previous_seq)
+        return summary, LoggedBatch(waiting + logged, result.previous_seq, unconfirmed)
+
+    def pending_events(self, event_ids: set[str]) -> tuple[list[LoggedEvent], int]:
+        """Those of ``event_ids`` still pending (logged, not applied), oldest first, and
+        how many ids are left unknown because the scan stopped. Only a request with
+        duplicates asks (a retry); the pending set is short unless applies fail, and it
+        is read page by page until every id is found, at most ``PENDING_PAGES_MAX`` pages."""
+        found: list[LoggedEvent] = []
+        after: int | None = None
+        with timed_store("pending"):
+            for _ in range(PENDING_PAGES_MAX):
+                page = self.store.pending(PENDING_PAGE, after_seq=after)
+                found += [e for e in page if e.event_id in event_ids]
+                if len(found) == len(event_ids) or len(page) < PENDING_PAGE:
+                    return found, 0
+                after = page[-1].seq
+        return found, len(event_ids) - len(found)
 
     def apply_in_background(self, rt: ModelRuntime, logged: LoggedBatch) -> None:
         """For ``wait=false``: a failure leaves the events pending for the re-drive."""
@@ -308,6 +411,7 @@ class Engine:
                     rt.advance_blobs,
                     previous_seq=logged.previous_seq,
                 )
+            self._note_applied(rt.version, logged.events)
             metrics.EVENTS_APPLIED.inc(stats.marked)
             metrics.COLD_REBUILDS.inc(stats.cold_rebuilds)
         except Exception:
@@ -327,28 +431,58 @@ class Engine:
     def load_states(
         self, rt: ModelRuntime, nodes: list[str]
     ) -> tuple[NodeStates, NeighbourLists, np.ndarray]:
-        """States and neighbour lists of ``nodes`` (unique), rebuilding cold ones in one
-        batch; and which nodes have no history at all (scored inductively)."""
+        """States and neighbour lists of ``nodes`` (unique), rebuilding cold ones and
+        catching stale ones up in one batch; and which nodes have no history at all
+        (scored inductively)."""
         with timed_store("read_states"):
             blobs = self.store.read_states(rt.version, nodes)
+        staleness = self._staleness_of(rt)
         missing = [i for i, b in enumerate(blobs) if b is None]
+        suspects = staleness.suspects(nodes, blobs)
         inductive = np.zeros(len(nodes), dtype=bool)
-        if missing:
-            miss_nodes = [nodes[i] for i in missing]
+        if missing or suspects:
+            todo = missing + suspects
+            after = [-1] * len(missing) + [read_watermark(blobs[i])[1] for i in suspects]  # type: ignore[arg-type]
             with timed_store("read_histories"):
-                histories = self.store.read_histories(miss_nodes)
-            cold = [(i, n, h) for i, n, h in zip(missing, miss_nodes, histories, strict=True) if h]
-            for i, _, h in zip(missing, miss_nodes, histories, strict=True):
+                histories = self.store.read_histories([nodes[i] for i in todo], after_seq=after)
+            for i, h in zip(missing, histories, strict=False):
                 inductive[i] = not h
-            if cold:
-                cold_nodes = [n for _, n, _ in cold]
-                rebuilt = rt.advance_blobs(cold_nodes, [None] * len(cold), [h for _, _, h in cold])
-                with timed_store("write_states"):
-                    self.store.write_states(rt.version, rebuilt, dict.fromkeys(cold_nodes))
-                metrics.COLD_REBUILDS.inc(len(cold))
-                for i, n, _ in cold:
-                    blobs[i] = rebuilt[n]
+            redo = [(i, h) for i, h in zip(todo, histories, strict=True) if h]
+            # Current after all, or caught up below: not checked again while the bound
+            # holds and the blob keeps that watermark.
+            checked = zip(suspects, after[len(missing) :], histories[len(missing) :], strict=True)
+            for i, seq, h in checked:
+                staleness.verified[nodes[i]] = h[-1].seq if h else seq
+            if len(staleness.verified) > VERIFIED_NODES_MAX:
+                staleness.verified.clear()
+            if redo:
+                self._rebuild(rt, nodes, blobs, redo)
         return (*rt.decode(blobs), inductive)
+
+    def _rebuild(
+        self,
+        rt: ModelRuntime,
+        nodes: list[str],
+        blobs: list[bytes | None],
+        redo: list[tuple[int, list[LoggedEvent]]],
+    ) -> None:
+        """One batch scan over cold nodes (from the initial state) and stale ones (from
+        their blob), written back compare-and-set so that no newer state is overwritten;
+        ``blobs`` is updated in place."""
+        redo_nodes = [nodes[i] for i, _ in redo]
+        starts = [catch_up_start(blobs[i], h, self.store.history_cap) for i, h in redo]
+        rebuilt = rt.advance_blobs(redo_nodes, starts, [h for _, h in redo])
+        expected = {
+            nodes[i]: None if blobs[i] is None else read_watermark(blobs[i])  # type: ignore[arg-type]
+            for i, _ in redo
+        }
+        with timed_store("write_states"):
+            self.store.write_states(rt.version, rebuilt, expected)
+        cold = sum(blobs[i] is None for i, _ in redo)
+        metrics.COLD_REBUILDS.inc(cold)
+        metrics.STALE_CATCHUPS.inc(len(redo) - cold)
+        for i, _ in redo:
+            blobs[i] = rebuilt[nodes[i]]
 
     def score_pairs(self, pairs: Sequence[Pair]) -> tuple[list[ScoredPair], str]:
         rt = self.runtime
@@ -380,7 +514,7 @@ class Engine:
         nodes = distinct_nodes(pairs)
         with timed_store("read_states"):
             blobs = await self.store.read_states_async(rt.version, nodes)
-        if any(b is None for b in blobs):
+        if any(b is None for b in blobs) or self._staleness_of(rt).suspects(nodes, blobs):
             return None
         states, lists = rt.decode(blobs)
         return self._score(
@@ -447,6 +581,14 @@ class Engine:
         rt = self.runtime
         blob = self.store.read_states(rt.version, [node])[0]
         history = self.store.read_histories([node])[0]
+        if blob is not None and self._staleness_of(rt).suspects([node], [blob]):
+            # a stale blob is shown caught up, as it would be served (a cold one is
+            # reported as not cached: it is rebuilt on first use)
+            newer = [e for e in history if e.seq > read_watermark(blob)[1]]
+            if newer:
+                blobs: list[bytes | None] = [blob]
+                self._rebuild(rt, [node], blobs, [(0, newer)])
+                blob = blobs[0]
         st, _ = rt.decode([blob])
         t_last = float(st.t_last[0])
         return NodeSummary(

@@ -1,6 +1,6 @@
 """What the app builds at start and releases at stop (FastAPI's lifespan): the
-loaded model, the store, the engine, the score batcher, and the background tasks
-(the re-drive loop, ``wait=false`` applies)."""
+loaded model, the store, the engine, the score batcher, the model follower, and the
+background tasks (the re-drive loop, the serving-version poll, ``wait=false`` applies)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from state_store.factory import open_store
 from . import metrics
 from .batcher import ScoreBatcher
 from .engine import Engine, ModelRuntime
-from .gc_tuning import freeze_startup_objects
+from .gc_tuning import freeze_startup_objects, refreeze
 from .malloc_tuning import keep_freed_memory
+from .model_follower import ModelFollower
 from .settings import Settings
 
 log = logging.getLogger("dygserve")
@@ -64,20 +65,25 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     )
     app.state.background = BackgroundTasks()
     app.state.ready = False
+    follower = app.state.follower = ModelFollower(engine, settings)
     metrics.set_model_version(runtime.version)
     metrics.set_kernel_path(runtime.kernels.path)
+    metrics.MODEL_BEHIND_STORE.set(0)
     redrive_task = asyncio.create_task(_redrive_loop(app))
+    follow_task = asyncio.create_task(_follow_loop(follower, settings.model_poll_s))
     try:
+        await run_in_threadpool(follower.start)  # serve what the store names, before any apply
         await run_in_threadpool(engine.redrive)
         await run_in_threadpool(engine.score_pairs, [("__warmup_a__", "__warmup_b__", 0.0)])
         freeze_startup_objects()  # no full GC pass walks the model and framework again
         app.state.ready = True
     except StoreUnavailable:
         log.warning("store unavailable at start; will retry the re-drive in the background")
-    log.info("serving model %s from %s", runtime.version, settings.checkpoint)
+    log.info("serving model %s", engine.runtime.version)
     yield
     app.state.ready = False
     redrive_task.cancel()
+    follow_task.cancel()
     await store.aclose()
     store.close()
 
@@ -97,3 +103,16 @@ async def _redrive_loop(app: FastAPI) -> None:
                 app.state.ready = False
         except Exception:  # keep the loop alive; the next tick tries again
             log.exception("re-drive failed")
+
+
+async def _follow_loop(follower: ModelFollower, interval_s: float) -> None:
+    """Follow the store's serving version (service.model_follower)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            if await run_in_threadpool(follower.poll):
+                await run_in_threadpool(refreeze)  # the old model is garbage now
+        except StoreUnavailable:
+            pass  # the re-drive loop reports readiness; the next tick reads again
+        except Exception:  # keep the loop alive; the next tick tries again
+            log.exception("following the serving version failed")

@@ -108,6 +108,19 @@ def precreate_series(routes: Iterable[str]) -> None:
         STORE_ERRORS.labels(reason=reason)
 
 
+STALE_CATCHUPS = Counter(
+    "dygserve_stale_catchups",
+    "node states of a version that was not serving, caught up from their blob on a read",
+)
+# Per worker (liveall: one series per pid): 1 while it serves another version than
+# the store's serving key, i.e. during the bounded mixed-version window of a reload.
+MODEL_BEHIND_STORE = Gauge(
+    "dygserve_model_behind_store",
+    "1 while this worker serves another version than the store's serving version",
+    multiprocess_mode="liveall",
+)
+
+
 def set_model_version(version: str, previous: str | None = None) -> None:
     if previous is not None and previous != version:
         MODEL_INFO.labels(version=previous).set(0)

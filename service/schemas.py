@@ -202,7 +202,14 @@ class KernelInfo(BaseModel):
 
 
 class ModelInfo(BaseModel):
-    model_version: str
+    model_version: str = Field(description="the version this worker serves")
+    store_model_version: str | None = Field(
+        description="the store's serving version, which every worker follows (null: not read yet)"
+    )
+    behind_store_s: float | None = Field(
+        description="seconds this worker has served another version than the store's; null when it serves the store's"
+    )
+    replica: str = Field(description="the worker that answered: host and process id")
     checkpoint: str
     backend: str
     device: str = Field(description="where the model runs: cpu or cuda[:n]")

@@ -111,6 +111,22 @@ class Settings(BaseSettings):
         gt=0,
         description="how often /metrics refreshes the store's memory figures (one INFO each)",
     )
+    model_poll_s: float = Field(
+        1.0,
+        gt=0,
+        description="how often each worker reads the store's serving version; a reload"
+        " reaches every worker within this plus one checkpoint load",
+    )
+    model_retry_s: float = Field(
+        10.0,
+        gt=0,
+        description="a worker that failed to load the serving version retries after this",
+    )
+    model_behind_limit_s: float = Field(
+        30.0,
+        gt=0,
+        description="a worker serving another version than the store's for longer than this reports not ready",
+    )
 
     late_policy: Literal["reject"] = Field(
         "reject", description="what happens to an event older than a node's last event"

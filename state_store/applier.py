@@ -22,10 +22,18 @@ the set not yet folded into the stored blob. The CAS guarantees that a blob is o
 ever replaced by one computed from it, so no event is folded in twice and none is
 lost, whatever the interleaving of writers.
 
-``apply_logged`` then marks the events applied (drops them from the pending set);
+``apply_logged`` then marks the events applied (drops them from the pending set)
+under the model version that applied them (``state_store.versions.VersionMarks``);
 ``redrive`` applies everything still pending (after a crash between logging and
 applying, or a failed apply). Marking is done only after both endpoints are written,
-and re-applying is a no-op, so a crash anywhere is healed by the next re-drive.
+and re-applying is a no-op, so a crash anywhere is healed by the next re-drive. The
+crash windows have fault points (``state_store.faults``), each with its own test.
+
+A stale blob (its version was not serving while the node got events) needs no special
+case here: step 2 reads everything after its watermark and folds it in, starting from
+the blob. Only when that gap is as long as the history cap may the cap have trimmed
+part of it; the node is then rebuilt from its kept history, as a cold node is
+(``catch_up_start``), never advanced across a hole.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from typing import Protocol
 
 from .base import AppendResult, LoggedEvent, NewEvent, StateStore, StoreUnavailable
 from .blob_header import read_watermark
+from .faults import AFTER_PARTIAL_WRITE, BEFORE_MARK, fault_active, maybe_crash
 
 # Upper bound of the random pause before re-reading conflicting nodes, per round so
 # far: writers that keep colliding on a hub spread out instead of retrying in step.
@@ -100,10 +109,18 @@ def _unique(nodes: Iterable[str]) -> list[str]:
 
 @dataclass
 class LoggedBatch:
-    """The events one append logged, with what the append told about their nodes."""
+    """The events one append logged, with what the append told about their nodes.
+
+    ``events`` may also hold events of the request that an earlier attempt logged and
+    that are still pending (a retry applies them: read-your-writes); the fast path is
+    safe with them, since their seqs lie at or below ``previous_seq`` of their nodes.
+    """
 
     events: list[LoggedEvent]
     previous_seq: dict[str, int] = field(default_factory=dict)  # AppendResult.previous_seq
+    # duplicates of the request whose pending state was not looked up (a pending set
+    # longer than the caller's scan): the request cannot say they are applied
+    unconfirmed: int = 0
 
     def __len__(self) -> int:
         return len(self.events)
@@ -127,10 +144,18 @@ def just_logged(events: list[LoggedEvent], previous_seq: dict[str, int]) -> dict
     return {n: JustLogged(previous_seq[n], evs) for n, evs in per_node.items() if n in previous_seq}
 
 
+def catch_up_start(blob: bytes | None, events_after: list[LoggedEvent], cap: int) -> bytes | None:
+    """The blob to fold a history read after its watermark into: the blob itself, or
+    None (rebuild from the kept history, as a cold node) when the read returned a
+    full history's worth of events, so the cap may have dropped some in the gap."""
+    return None if blob is not None and len(events_after) >= cap else blob
+
+
 def _new_events(
     store: StateStore, todo: list[str], after: list[int], known: dict[str, JustLogged] | None
-) -> tuple[list[list[LoggedEvent]], int]:
-    """Each node's events after its watermark seq, and the round trips spent.
+) -> tuple[list[list[LoggedEvent]], list[int], int]:
+    """Each node's events after its watermark seq, which of them were read from the
+    stored history (the others came whole from the batch), and the round trips spent.
 
     Fast path: a node whose watermark is at or past its seq before the batch it was
     just logged in needs exactly that batch's events after the watermark (nothing else
@@ -151,7 +176,7 @@ def _new_events(
         read = store.read_histories([todo[i] for i in slow], after_seq=[after[i] for i in slow])
         for i, h in zip(slow, read, strict=True):
             out[i] = h
-    return [h or [] for h in out], int(bool(slow))
+    return [h or [] for h in out], slow, int(bool(slow))
 
 
 def apply_nodes(
@@ -180,18 +205,26 @@ def apply_nodes(
         blobs = store.read_states(version, todo)
         marks = [None if b is None else read_watermark(b) for b in blobs]
         after = [-1 if m is None else int(m[1]) for m in marks]
-        histories, trips = _new_events(store, todo, after, known)
+        histories, read, trips = _new_events(store, todo, after, known)
         known = None  # later rounds (conflicts) re-read everything
         stats.round_trips += 1 + trips
         sel = [i for i, h in enumerate(histories) if h]
         if not sel:
             return stats
         sel_nodes = [todo[i] for i in sel]
-        new = advance(sel_nodes, [blobs[i] for i in sel], [histories[i] for i in sel])
+        # only a read of the stored history can have lost events to the cap
+        starts = list(blobs)
+        for i in read:
+            starts[i] = catch_up_start(blobs[i], histories[i], store.history_cap)
+        new = advance(sel_nodes, [starts[i] for i in sel], [histories[i] for i in sel])
         missing = [n for n in sel_nodes if n not in new]
         if missing:
             raise ValueError(f"advance returned no blob for {missing[:5]}")
         expected = {todo[i]: marks[i] for i in sel}
+        if fault_active(AFTER_PARTIAL_WRITE):  # crash test: only the first half lands
+            half = sel_nodes[: max(1, len(sel_nodes) // 2)]
+            store.write_states(version, {n: new[n] for n in half}, expected)
+            maybe_crash(AFTER_PARTIAL_WRITE)
         outcome = store.write_states(version, {n: new[n] for n in sel_nodes}, expected)
         stats.round_trips += 1
         written = set(outcome.written)
@@ -238,7 +271,8 @@ def apply_logged(
         bringing=frozenset(e.seq for e in events),
     )
     if events:
-        store.mark_applied([e.seq for e in events])
+        maybe_crash(BEFORE_MARK)
+        store.mark_applied([e.seq for e in events], version)
         stats.round_trips += 1
         stats.marked += len(events)
     return stats

@@ -50,6 +50,15 @@ changed in meaning):
   "redis-cluster") for logs and metrics.
 * ``StateStore.memory()``: the store's memory use, limit and eviction count
   (``StoreMemory``; None for the embedded store), sampled for metrics.
+* ``mark_applied(seqs, version)`` also records, per model version, the highest seq
+  it marked (``state_store.versions.VersionMarks``): what tells a stale blob of a
+  version that was not serving from a current one, at no cost while one version serves.
+* ``pending(limit, after_seq)`` pages through the pending set (a retry of duplicates
+  looks for its own events there).
+* ``ServingRegistry``: the one serving-version key that every worker and replica
+  follows, read together with the version marks in one round trip.
+* ``StateStore.history_cap``: events kept per node history, so that a catch-up can
+  tell a complete gap from one the cap has trimmed.
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from .blob_header import Watermark
+from .versions import ServingModel, ServingState
 
 # Why a store call failed, for every error with a name: the service answers each with
 # a 503 and Retry-After (never a 500), and counts it by this reason.
@@ -202,23 +212,44 @@ class EventLog(Protocol):
 
     def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]: ...
 
-    def pending(self, limit: int) -> list[LoggedEvent]:
-        """Logged events not yet marked applied, oldest first."""
+    def pending(self, limit: int, after_seq: int | None = None) -> list[LoggedEvent]:
+        """Logged events not yet marked applied, oldest first (only seqs > after_seq if given)."""
         ...
 
-    def mark_applied(self, seqs: list[int]) -> None: ...
+    def mark_applied(self, seqs: list[int], version: str | None = None) -> None:
+        """Drop ``seqs`` from the pending set; with ``version``, also raise that
+        version's mark (``VersionMarks``) to the highest of them, in the same step."""
+        ...
 
     def last_event_time(self) -> float | None:
         """The latest event time logged so far (the service's event-time clock)."""
         ...
 
 
-class StateStore(StateTable, EventLog, Protocol):
-    """Both roles behind one connection (each backend implements both), plus its
+class ServingRegistry(Protocol):
+    """The serving model version: one key in the store that every worker follows."""
+
+    def read_serving(self) -> ServingState:
+        """The serving key and the version marks, in one round trip."""
+        ...
+
+    def publish_serving(self, model: ServingModel, only_if_absent: bool = False) -> ServingModel:
+        """Set the serving key (``only_if_absent``: only where none is set yet); the
+        record the store holds afterwards."""
+        ...
+
+
+class StateStore(StateTable, EventLog, ServingRegistry, Protocol):
+    """Every role behind one connection (each backend implements all), plus its
     lifecycle. Every method is one round trip (or one per cluster slot), whatever
     the batch size."""
 
     backend: str  # "memory", "redis" or "redis-cluster", for logs and metrics
+
+    @property
+    def history_cap(self) -> int:
+        """Events kept per node history (``StoreOptions.history_cap``)."""
+        ...
 
     def ping(self) -> bool: ...
 

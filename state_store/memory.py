@@ -19,6 +19,7 @@ from .base import AppendResult, LoggedEvent, NewEvent, StateStore, StoreMemory, 
 from .blob_header import HEADER_SIZE, pack_watermark, watermark_bytes
 from .common import event_ids, event_time, future_reason, late_reason
 from .config import MemoryStoreConfig
+from .versions import ServingModel, ServingState, VersionMarks
 
 
 class InMemoryStore(StateStore):
@@ -41,7 +42,13 @@ class InMemoryStore(StateStore):
         self._latest: float | None = None
         self._seen: dict[str, float | None] = {}  # event id -> expiry (None = forever)
         self._seen_order: deque[tuple[float, str]] = deque()  # (expiry, id), expiry order
+        self._serving: ServingModel | None = None
+        self._marks = VersionMarks()
         self._closed = False
+
+    @property
+    def history_cap(self) -> int:
+        return self.config.history_cap
 
     # ---- state blobs -----------------------------------------------------------------
     def _get(self, key: tuple[str, str], now: float) -> bytes | None:
@@ -190,16 +197,18 @@ class InMemoryStore(StateStore):
                         break
         return out
 
-    def pending(self, limit: int) -> list[LoggedEvent]:
+    def pending(self, limit: int, after_seq: int | None = None) -> list[LoggedEvent]:
         with self._lock:
-            return list(
-                itertools.islice(self._pending.values(), max(limit, 0))
-            )  # insertion = seq order
+            after = -1 if after_seq is None else int(after_seq)
+            later = (e for s, e in self._pending.items() if s > after)  # insertion = seq order
+            return list(itertools.islice(later, max(limit, 0)))
 
-    def mark_applied(self, seqs: list[int]) -> None:
+    def mark_applied(self, seqs: list[int], version: str | None = None) -> None:
         with self._lock:
             for s in seqs:
                 self._pending.pop(int(s), None)
+            if version is not None and seqs:
+                self._marks = self._marks.with_mark(version, max(int(s) for s in seqs))
             # Trim the log below the lowest pending seq, keeping at least log_keep entries.
             bound = min(self._pending) if self._pending else self._seq + 1
             bound = min(bound, self._seq - self.config.log_keep + 1)
@@ -212,6 +221,17 @@ class InMemoryStore(StateStore):
     def last_event_time(self) -> float | None:
         with self._lock:
             return self._latest
+
+    # ---- the serving version -----------------------------------------------------------
+    def read_serving(self) -> ServingState:
+        with self._lock:
+            return ServingState(self._serving, self._marks)
+
+    def publish_serving(self, model: ServingModel, only_if_absent: bool = False) -> ServingModel:
+        with self._lock:
+            if self._serving is None or not only_if_absent:
+                self._serving = model
+            return self._serving
 
     # ---- housekeeping --------------------------------------------------------------------
     def ping(self) -> bool:

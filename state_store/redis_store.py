@@ -15,6 +15,10 @@ cluster because every multi-key operation stays inside one hash slot::
     P:{P:log}:lt                  hash node -> time of its last logged event (late check)
     P:{P:log}:tmax                latest logged time (the event-time clock)
     P:{P:log}:pending             sorted set of logged, not yet applied events (score seq)
+    P:{P:log}:serving             the serving model version that every worker follows
+                                  (JSON ``{"version", "checkpoint"}``, state_store.versions)
+    P:{P:log}:vmarks              hash version -> highest seq an applier of that version
+                                  marked applied (raised by the mark script)
 
 Everything of the log shares the hash tag ``{P:log}``: appending a batch is ONE Lua
 script (dedupe, late and future checks, seq, log RPUSH, both endpoints' history ZADD,
@@ -65,6 +69,7 @@ from .common import (
     late_reason,
 )
 from .config import RedisStoreConfig
+from .versions import ServingModel, ServingState, VersionMarks
 
 # --------------------------------------------------------------------------------------
 # Lua scripts. Every key they touch is in KEYS (cluster routing and correctness).
@@ -234,13 +239,22 @@ end
 return out
 """
 
-# KEYS: 1 pending, 2 log, 3 seq, 4 log_first. ARGV: 1 log_keep, then pairs lo, hi:
-# ranges of seqs applied. Removes them from pending, then trims the log below the
+# KEYS: 1 pending, 2 log, 3 seq, 4 log_first, 5 vmarks. ARGV: 1 log_keep, 2 the model
+# version that applied them ('' = none), then pairs lo, hi: ranges of seqs applied.
+# Removes them from pending, raises the version's mark to the highest seq (in the same
+# step, so a mark never lags the events it describes), then trims the log below the
 # lowest pending seq, keeping at least log_keep newest entries (the log holds the
 # contiguous seq range log_first .. seq).
 MARK_LUA = """
-for i = 2, #ARGV, 2 do
+local top = -1
+for i = 3, #ARGV, 2 do
   redis.call('ZREMRANGEBYSCORE', KEYS[1], ARGV[i], ARGV[i + 1])
+  local hi = tonumber(ARGV[i + 1])
+  if hi > top then top = hi end
+end
+if ARGV[2] ~= '' and top >= 0 then
+  local cur = tonumber(redis.call('HGET', KEYS[5], ARGV[2]) or '-1')
+  if top > cur then redis.call('HSET', KEYS[5], ARGV[2], string.format('%d', top)) end
 end
 local last = tonumber(redis.call('GET', KEYS[3]) or '0')
 local bound = last + 1
@@ -415,6 +429,8 @@ class RedisStore(StateStore):
         self._k_tmax = f"{log}:tmax".encode()
         self._k_eids = f"{log}:eids".encode()
         self._k_hist = f"{log}:h:".encode()
+        self._k_serving = f"{log}:serving".encode()
+        self._k_vmarks = f"{log}:vmarks".encode()
         self._scripts = {
             "append": APPEND_LUA,
             "cas": CAS_LUA,
@@ -427,6 +443,10 @@ class RedisStore(StateStore):
         # and stays blocking-only); its asyncio client is bound to the loop that made it.
         self.async_reads = not self.cluster
         self._async: tuple[asyncio.AbstractEventLoop, Any] | None = None
+
+    @property
+    def history_cap(self) -> int:
+        return self.config.history_cap
 
     # ---- keys ------------------------------------------------------------------------
     def state_key(self, version: str, node: str) -> bytes:
@@ -686,19 +706,60 @@ class RedisStore(StateStore):
         return [decode_event(m) for m in ms]
 
     @_guard
-    def pending(self, limit: int) -> list[LoggedEvent]:
+    def pending(self, limit: int, after_seq: int | None = None) -> list[LoggedEvent]:
         if limit <= 0:
             return []
-        ms = self._r.execute_command("ZRANGE", self._k_pending, 0, int(limit) - 1)
+        if after_seq is None:
+            ms = self._r.execute_command("ZRANGE", self._k_pending, 0, int(limit) - 1)
+        else:
+            ms = self._r.execute_command(
+                "ZRANGE",
+                self._k_pending,
+                b"(%d" % int(after_seq),
+                b"+inf",
+                b"BYSCORE",
+                b"LIMIT",
+                0,
+                int(limit),
+            )
         return [decode_event(m) for m in ms]
 
     @_guard
-    def mark_applied(self, seqs: list[int]) -> None:
+    def mark_applied(self, seqs: list[int], version: str | None = None) -> None:
         self._evalsha(
             "mark",
-            [self._k_pending, self._k_log, self._k_seq, self._k_log_first],
-            [self.config.log_keep, *(x for lo, hi in _ranges(seqs) for x in (lo, hi))],
+            [self._k_pending, self._k_log, self._k_seq, self._k_log_first, self._k_vmarks],
+            [
+                self.config.log_keep,
+                version or "",
+                *(x for lo, hi in _ranges(seqs) for x in (lo, hi)),
+            ],
         )
+
+    # ---- the serving version ---------------------------------------------------------
+    @_guard
+    def read_serving(self) -> ServingState:
+        pipe = self._pipe()
+        pipe.execute_command("GET", self._k_serving)
+        pipe.execute_command("HGETALL", self._k_vmarks)
+        raw, marks = pipe.execute()
+        if isinstance(marks, list):  # RESP2 without the client's hash parsing
+            marks = dict(zip(marks[::2], marks[1::2], strict=True))
+        return ServingState(
+            ServingModel.decode(raw),
+            VersionMarks({k.decode(): int(v) for k, v in marks.items()}),
+        )
+
+    @_guard
+    def publish_serving(self, model: ServingModel, only_if_absent: bool = False) -> ServingModel:
+        pipe = self._pipe()
+        if only_if_absent:
+            pipe.execute_command("SET", self._k_serving, model.encode(), "NX")
+        else:
+            pipe.execute_command("SET", self._k_serving, model.encode())
+        pipe.execute_command("GET", self._k_serving)
+        stored = ServingModel.decode(pipe.execute()[1])
+        return stored if stored is not None else model
 
     @_guard
     def last_event_time(self) -> float | None:

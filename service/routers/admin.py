@@ -1,21 +1,24 @@
-"""``GET /v1/model`` and ``POST /v1/admin/reload``: what is served, and a hot switch."""
+"""``GET /v1/model`` and ``POST /v1/admin/reload``: what is served, and a hot switch.
+
+A reload changes the store's serving version, which every worker and replica follows
+(``service.model_follower``); the worker that handled it switches at once, the others
+within ``DYGSERVE_MODEL_POLL_S`` plus a checkpoint load."""
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from fastapi import APIRouter, Depends
 from starlette.concurrency import run_in_threadpool
 
 from model.checkpoint import CheckpointError
 
-from .. import metrics
 from ..auth import require_api_key, require_read_key
-from ..deps import EngineDep, SettingsDep
+from ..deps import EngineDep, FollowerDep, SettingsDep
 from ..engine import Engine, ModelRuntime, RequestRefused
 from ..errors import ERROR_RESPONSES
 from ..gc_tuning import refreeze
+from ..model_follower import ModelFollower, replica_name
 from ..public_info import checkpoint_name, without_absolute_paths
 from ..schemas import KernelInfo, ModelInfo, ReloadRequest
 
@@ -23,12 +26,16 @@ log = logging.getLogger("dygserve")
 router = APIRouter(tags=["admin"], responses=ERROR_RESPONSES)
 
 
-def model_info(engine: Engine) -> ModelInfo:
+def model_info(engine: Engine, follower: ModelFollower) -> ModelInfo:
     rt = engine.runtime
     # The onnx backend's sessions report the providers they really got; torch has none.
     providers = getattr(rt.model, "session_providers", {}).get("readout_head")
+    behind = follower.behind_s
     return ModelInfo(
         model_version=rt.version,
+        store_model_version=follower.store_version,
+        behind_store_s=None if behind is None else round(behind, 3),
+        replica=replica_name(),
         checkpoint=checkpoint_name(rt.checkpoint.path),  # no absolute paths (public_info)
         backend=rt.backend,
         device=str(rt.device),
@@ -43,15 +50,18 @@ def model_info(engine: Engine) -> ModelInfo:
 
 
 @router.get("/v1/model", dependencies=[Depends(require_read_key)])
-async def get_model(engine: EngineDep) -> ModelInfo:
-    return model_info(engine)
+async def get_model(engine: EngineDep, follower: FollowerDep) -> ModelInfo:
+    return model_info(engine, follower)
 
 
 @router.post("/v1/admin/reload", dependencies=[Depends(require_api_key)])
-async def reload(body: ReloadRequest, engine: EngineDep, settings: SettingsDep) -> ModelInfo:
-    """Switch to another checkpoint under the models directory; states of the new
-    version rebuild lazily from history (or with `dygserve backfill`)."""
-    root = (settings.models_dir or Path(settings.checkpoint).parent).resolve()
+async def reload(
+    body: ReloadRequest, engine: EngineDep, settings: SettingsDep, follower: FollowerDep
+) -> ModelInfo:
+    """Make another checkpoint under the models directory the serving version of every
+    worker; states of the new version rebuild lazily from history (or with
+    `dygserve backfill`), and those it left stale catch up from their blobs."""
+    root = follower.root
     try:  # a NUL byte in the name is a ValueError, a name over NAME_MAX an OSError
         target = (root / body.checkpoint).resolve()
     except (OSError, ValueError) as exc:
@@ -73,10 +83,9 @@ async def reload(body: ReloadRequest, engine: EngineDep, settings: SettingsDep) 
         raise RequestRefused(
             422, f"checkpoint refused, still serving {engine.runtime.version}: {exc}"
         ) from exc
-    old_version = engine.swap(runtime).version
-    metrics.set_model_version(runtime.version, old_version)
-    metrics.set_kernel_path(runtime.kernels.path)
-    log.info("reloaded: %s -> %s", old_version, runtime.version)
+    # Only a checkpoint that loaded here becomes the store's serving version.
+    old_version = await run_in_threadpool(follower.publish_and_switch, runtime)
+    log.info("reloaded: %s -> %s (the store's serving version)", old_version, runtime.version)
     # The old model is garbage once its last request ends; free its cycles, freeze the new one.
     await run_in_threadpool(refreeze)
-    return model_info(engine)
+    return model_info(engine, follower)

@@ -42,7 +42,7 @@ async def post_events(
     else:
         rt = engine.runtime
         result, logged = await run_in_threadpool(engine.log_events, rt, events)
-        result.applied = not logged
+        result.applied = not logged and not logged.unconfirmed
         if logged:
             background.spawn(run_in_threadpool(engine.apply_in_background, rt, logged))
     metrics.INGEST_LATENCY.observe(time.perf_counter() - start)

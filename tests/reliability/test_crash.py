@@ -42,17 +42,24 @@ def test_sigkill_under_eight_concurrent_clients(data_dir, redis_aof, runtime, tm
     driver = Driver(batches_of(events, BATCH), services[0].url, n_clients=CLIENTS).start()
     store = redis_store(redis_aof.url)
     try:
+        # Kill while events are logged but not applied (pending), so the restart's
+        # re-drive has work to do; the count read after the kill is asserted below.
         wait_until(
-            lambda: driver.acked >= 0.35 * len(driver.batches) and driver.in_flight >= 4,
+            lambda: (
+                driver.acked >= 0.35 * len(driver.batches)
+                and driver.in_flight >= 4
+                and store.pending(1)
+            ),
             240,
             0.01,
-            "35% of the batches acknowledged and requests in flight",
+            "35% of the batches acknowledged, requests in flight, events pending",
         )
         driver.up.clear()  # senders whose request fails now wait for the restart
         in_flight = driver.in_flight
         assert services[0].stop(signal.SIGKILL) == -signal.SIGKILL
         logged_at_kill = len(read_whole_log(store))
         pending_at_kill = len(store.pending(N_EVENTS))
+        assert pending_at_kill > 0, "no event was pending at the kill: the re-drive went untested"
         acked_at_kill = sum(
             b.response["accepted"] + b.response["duplicates"]
             for b in driver.batches

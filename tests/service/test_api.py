@@ -87,9 +87,15 @@ def test_query_before_last_event_is_clamped(client):
 
 
 def test_omitted_time_means_latest_event_time(client):
-    client.post("/v1/events", json=events(("o1", "o2", 1000.0)))
-    r = client.get("/v1/score", params={"src": "o1", "dst": "o2"}).json()
-    assert r["t"] >= 1000.0
+    # the latest event time of this service (no other test ingests later times)
+    latest = 1_000_000.5
+    assert client.post("/v1/events", json=events(("o1", "o2", latest))).json()["accepted"] == 1
+    given = client.get("/v1/score", params={"src": "o1", "dst": "o2", "t": latest}).json()
+    omitted = client.get("/v1/score", params={"src": "o1", "dst": "o2"}).json()
+    assert omitted["t"] == latest
+    assert omitted["logit"] == given["logit"] and omitted["probability"] == given["probability"]
+    batch = client.post("/v1/score", json={"pairs": [{"src": "o1", "dst": "o2"}]}).json()
+    assert batch["scores"][0]["t"] == latest and batch["scores"][0]["logit"] == given["logit"]
 
 
 def test_model_health_and_metrics(service, client):

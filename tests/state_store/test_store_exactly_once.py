@@ -304,6 +304,37 @@ def test_capped_history_cold_rebuild_is_last_cap_events_only(advance: ModelAdvan
     assert fresh["hub"] == cold  # ... but exactly the replay of the last `cap` events
 
 
+def test_a_stale_blob_is_not_bridged_across_events_the_cap_dropped(advance: ModelAdvance) -> None:
+    """A blob of a version that was not serving catches up from itself, unless the gap
+    is as long as the history cap: then events of the gap may be gone, and the node is
+    rebuilt from its kept history as a cold node is (the documented capped difference),
+    never folded across the hole."""
+    cap = 5
+    store = InMemoryStore(history_cap=cap)
+    events = [NewEvent("hub", f"n{i}", float(i * 600), event_id=f"e{i}") for i in range(12)]
+    first, rest = events[:3], events[3:]
+    apply_logged(store, VERSION, logged_events(first, store.append_events(first)), advance)
+    # 9 more events applied by another version only: VERSION's blob misses them all and
+    # the history keeps the newest 5
+    apply_logged(store, "other", logged_events(rest, store.append_events(rest)), advance)
+    apply_nodes(store, VERSION, ["hub"], advance)
+    (caught_up,) = store.read_states(VERSION, ["hub"])
+    assert advance.codec.decode_many([caught_up]).n_events.item() == cap
+    fresh = advance(["hub"], [None], store.read_histories(["hub"]))
+    assert fresh["hub"] == caught_up
+
+    # A gap shorter than the cap: caught up from the blob itself (3 + 2 events).
+    store = InMemoryStore(history_cap=cap)
+    first, rest = events[:3], events[3:5]
+    apply_logged(store, VERSION, logged_events(first, store.append_events(first)), advance)
+    apply_logged(store, "other", logged_events(rest, store.append_events(rest)), advance)
+    apply_nodes(store, VERSION, ["hub"], advance)
+    (caught_up,) = store.read_states(VERSION, ["hub"])
+    assert advance.codec.decode_many([caught_up]).n_events.item() == 5
+    other = store.read_states("other", ["hub"])  # the same 5 events, from the initial state
+    assert max_state_diff(advance.codec, [caught_up], other) <= TOL
+
+
 @pytest.mark.parametrize("backend", REDIS_BACKENDS)
 def test_only_state_blobs_expire(make, backend: str) -> None:
     """volatile-* eviction can only take states (rebuilt cold, exactly), never the log,
