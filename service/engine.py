@@ -41,6 +41,7 @@ from state_store.base import LoggedEvent, NewEvent, StateStore
 from state_store.faults import maybe_crash
 
 from . import metrics
+from .live_eval import LiveEvaluator, watch_for_live_eval
 from .schemas import EventsResponse, NodeSummary, Rejected
 
 log = logging.getLogger("dygserve")
@@ -221,6 +222,7 @@ class Engine:
         # processes the compare-and-set keeps it exactly once.
         self._apply_lock = threading.Lock()
         self.needs_redrive = True  # on start: re-drive whatever a crash left logged but unapplied
+        self.live_eval: LiveEvaluator | None = None  # set by the lifespan when the rate is > 0
 
     @property
     def runtime(self) -> ModelRuntime:
@@ -290,12 +292,16 @@ class Engine:
 
     def apply(self, rt: ModelRuntime, logged: LoggedBatch) -> None:
         try:
-            with self._apply_lock, timed_store("apply"):
+            with (
+                self._apply_lock,
+                timed_store("apply"),
+                watch_for_live_eval(self.live_eval, rt, logged.events) as advance,
+            ):
                 stats = apply_logged(
                     self.store,
                     rt.version,
                     logged.events,
-                    rt.advance_blobs,
+                    advance,
                     previous_seq=logged.previous_seq,
                 )
             metrics.EVENTS_APPLIED.inc(stats.marked)

@@ -21,6 +21,7 @@ from . import metrics
 from .batcher import ScoreBatcher
 from .engine import Engine, ModelRuntime
 from .gc_tuning import freeze_startup_objects
+from .live_eval import LiveEvaluator
 from .malloc_tuning import keep_freed_memory
 from .settings import Settings
 
@@ -51,6 +52,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     )
     store = open_store(settings.store)
     engine = Engine(runtime, store, numpy_max_pairs=settings.numpy_score_max_pairs)
+    engine.live_eval = LiveEvaluator.from_settings(settings)  # None when the rate is 0
     app.state.engine = engine
     # One scoring call in flight; requests that arrive meanwhile share the next one.
     app.state.batcher = ScoreBatcher(
@@ -74,6 +76,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield
     app.state.ready = False
     redrive_task.cancel()
+    if engine.live_eval is not None:
+        engine.live_eval.close()
     await store.aclose()
     store.close()
 
