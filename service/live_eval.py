@@ -348,12 +348,13 @@ class LiveEvaluator:
             m.LIVE_SCORE.labels(label="positive").observe(p)
         for p in _sigmoid(np.array(neg_p)).tolist():
             m.LIVE_SCORE.labels(label="negative").observe(p)
-        m.LIVE_SAMPLES.inc(len(samples))
         q = self.quality.quality()
         m.LIVE_AP.set(q.ap)
         m.LIVE_AUC.set(q.auc)
         m.LIVE_MRR.set(q.mrr)
         m.LIVE_WINDOW.set(q.samples)
+        # Counted last: a reader that sees the count sees the gauges that include it.
+        m.LIVE_SAMPLES.inc(len(samples))
 
 
 def advance_snapshots(rt: ModelRuntime, rows: list[tuple[str, Snapshot]]) -> list[bytes | None]:

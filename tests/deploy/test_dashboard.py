@@ -36,6 +36,15 @@ FIXED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "dygserve_kernel_path": ("gauge", frozenset({"path"})),
     "dygserve_in_flight_requests": ("gauge", frozenset()),
     "dygserve_http_requests_total": ("counter", frozenset({"route", "status"})),
+    # live evaluation (service/live_eval_metrics.py)
+    "dygserve_live_ap": ("gauge", frozenset()),
+    "dygserve_live_auc": ("gauge", frozenset()),
+    "dygserve_live_mrr": ("gauge", frozenset()),
+    "dygserve_live_window_samples": ("gauge", frozenset()),
+    "dygserve_checkpoint_test_ap": ("gauge", frozenset()),
+    "dygserve_live_eval_samples_total": ("counter", frozenset()),
+    "dygserve_live_eval_skipped_total": ("counter", frozenset({"reason"})),
+    "dygserve_live_score": ("histogram", frozenset({"label"})),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 TARGET_LABELS = frozenset({"instance", "job"})  # added by Prometheus at scrape time
@@ -250,3 +259,5 @@ def test_required_panels_are_there():
     assert has(r"dygserve_model_info")
     assert has(r"dygserve_in_flight_requests")
     assert has(r"by \((le, )?kind\) \(rate\(dygserve_batch_size_")
+    assert has(r"dygserve_live_ap") and has(r"dygserve_checkpoint_test_ap")  # live quality
+    assert has(r"by \(le, label\) \(rate\(dygserve_live_score_bucket")
