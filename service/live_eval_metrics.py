@@ -58,6 +58,7 @@ SKIP_REASONS = (
     "batch_failed",  # the apply failed otherwise
     "batch_backlog",  # the evaluator was behind by live_eval_queue batches
     "batch_error",  # the evaluation itself failed (logged)
+    "cpu_budget",  # the evaluator had used its share of a core (live_eval_cpu_budget)
 )
 for _reason in SKIP_REASONS:  # every series exists from the start, at 0
     LIVE_SKIPPED.labels(reason=_reason)

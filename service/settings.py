@@ -132,6 +132,12 @@ class Settings(BaseSettings):
         ge=1,
         description="applied batches waiting for the evaluator; beyond it a batch is skipped",
     )
+    live_eval_cpu_budget: float = Field(
+        0.05,
+        gt=0.0,
+        description="share of one core the live evaluation may use on average; sampled events"
+        " beyond it are skipped and counted (1 = no limit)",
+    )
     live_eval_record: Path | None = Field(
         None, description="append every live sample and its scores to this file (JSON lines)"
     )

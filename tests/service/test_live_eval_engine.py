@@ -105,3 +105,28 @@ def test_a_store_error_in_the_apply_skips_the_batch_and_counts_it(runtime, tmp_p
         engine.live_eval.close()
         engine.store.close()
         server.stop()
+
+
+def test_past_its_cpu_budget_the_evaluator_skips_and_counts(runtime, redis_server, tmp_path):
+    events = [{"src": e.src, "dst": e.dst, "t": e.t} for e in uci_events(2000)]
+    reasons = ("not_visible", "few_destinations", "cpu_budget")
+    before = {r: counter("dygserve_live_eval_skipped_total", reason=r) for r in reasons}
+    samples_before = counter("dygserve_live_eval_samples_total")
+    redis_server.flush()
+    engine = Engine(runtime, make_store(redis_server.url))
+    # 0.1% of a core: about 10 ms of evaluation, then nearly nothing
+    engine.live_eval = LiveEvaluator(1.0, K, seed=SEED, cpu_budget=0.001)
+    try:
+        for lo in range(0, len(events), 250):
+            engine.ingest(events[lo : lo + 250])
+        engine.live_eval.drain()
+    finally:
+        engine.live_eval.close()
+        engine.store.close()
+    skipped = {
+        r: counter("dygserve_live_eval_skipped_total", reason=r) - before[r] for r in reasons
+    }
+    scored = counter("dygserve_live_eval_samples_total") - samples_before
+    assert scored + sum(skipped.values()) == len(events)  # rate 1: every event sampled
+    assert skipped["cpu_budget"] >= len(events) - 2 * 250  # at most two batches evaluated
+    assert scored > 0

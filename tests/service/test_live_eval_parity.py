@@ -71,6 +71,7 @@ def test_live_ap_equals_offline_on_the_sampled_pairs(redis_server, data_dir, tmp
         {
             **env,
             "DYGSERVE_LIVE_EVAL_RATE": "1.0",
+            "DYGSERVE_LIVE_EVAL_CPU_BUDGET": "1",
             "DYGSERVE_LIVE_EVAL_NEGATIVES": "1",
             "DYGSERVE_LIVE_EVAL_WINDOW": "100000",
             "DYGSERVE_LIVE_EVAL_SEED": "7",

@@ -21,7 +21,9 @@ def value(text: str, name: str) -> float:
 
 
 def test_live_gauges_move_under_replayed_load(tmp_path, data_dir):
-    svc = start_service(tmp_path, {"DYGSERVE_LIVE_EVAL_RATE": "0.2"})
+    svc = start_service(
+        tmp_path, {"DYGSERVE_LIVE_EVAL_RATE": "0.2", "DYGSERVE_LIVE_EVAL_CPU_BUDGET": "1"}
+    )
     try:
         with svc.client() as c:
             idle = c.get("/metrics").text
