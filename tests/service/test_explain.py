@@ -80,10 +80,16 @@ def test_explain_ranks_events_by_what_removing_them_does(redis_server, data_dir,
                 "/v1/score", params={"src": data.node_ids[queries[0][0]], "dst": "x", "t": t_now}
             ).json()
             too_many = c.get("/v1/score", params={"src": "a", "dst": "b", "explain": 101})
+            spec = c.get("/openapi.json").json()
     finally:
         svc.stop()
     assert plain["explanation"] is None
     assert too_many.status_code == 422
+    # the OpenAPI document says what the parameter and a contribution mean
+    params = {p["name"]: p for p in spec["paths"]["/v1/score"]["get"]["parameters"]}
+    assert "contribute most to the logit" in params["explain"]["description"]
+    event = spec["components"]["schemas"]["ExplainedEvent"]["properties"]
+    assert "gradient x input" in event["contribution"]["description"]
 
     def logit(u: int, v: int, t: float, replace: dict[int, NodeStates] | None = None) -> float:
         """The logit as served, or with some nodes' states replaced (the pair features
