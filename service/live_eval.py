@@ -126,12 +126,6 @@ Snapshot = tuple[bytes | None, list[LoggedEvent]]
 Applied = tuple[bytes | None, list[LoggedEvent], bytes]
 
 
-@dataclass
-class Sample:
-    event: LoggedEvent
-    negatives: list[str]
-
-
 class LiveEvaluator:
     def __init__(
         self,
@@ -434,16 +428,17 @@ def reference_ap(metrics: dict[str, Any]) -> float | None:
 class CpuBudget:
     """At most ``share`` of one core, on average, for the evaluation: every second of
     wall time adds ``share`` seconds of CPU to an allowance (capped at ``BURST_S`` seconds'
-    worth), each evaluation spends its thread's CPU time, and none starts while the
+    worth: bursts are short), each evaluation spends its thread's CPU time, and none starts while the
     allowance is spent. Under an ingest load that would need more, sampled events are
     skipped (and counted) instead of taking CPU from the ingest; ``share`` >= 1 never
     skips."""
 
-    BURST_S = 10.0
+    BURST_S = 2.0
 
     def __init__(self, share: float) -> None:
         self.share = share
         self.allowance = share * self.BURST_S
+        self.spent = 0.0  # CPU seconds of evaluation so far
         self._at = time.monotonic()
 
     def allows(self) -> bool:
@@ -462,7 +457,9 @@ class CpuBudget:
         try:
             yield
         finally:
-            self.allowance -= time.thread_time() - start
+            cpu = time.thread_time() - start
+            self.allowance -= cpu
+            self.spent += cpu
 
 
 @contextmanager
