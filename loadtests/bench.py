@@ -464,7 +464,7 @@ def live_eval_cpu(checkpoint: Path, data: Path, redis_url: str, events: int = 20
     rt = ModelRuntime.load(checkpoint)
     engine = Engine(rt, make_store(redis_url))
     evaluator = LiveEvaluator(0.01, 9, cpu_budget=1.0)
-    engine.live_eval = evaluator
+    engine.apply_watch = evaluator.watch
     ingest_cpu = 0.0
     try:
         for lo in range(0, len(stream), 1000):

@@ -18,8 +18,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,16 +36,18 @@ from model.numpy_scorer import NumpyScorer
 from model.protocol import ServedModel
 from model.rank_plan import RankPlan
 from model.streaming import score_nodes
-from state_store.applier import LoggedBatch, apply_logged, redrive
+from state_store.applier import Advance, LoggedBatch, apply_logged, redrive
 from state_store.base import LoggedEvent, NewEvent, StateStore
 from state_store.faults import maybe_crash
 
 from . import metrics
-from .live_eval import LiveEvaluator, watch_for_live_eval
 from .schemas import EventsResponse, NodeSummary, Rejected
 
 log = logging.getLogger("dygserve")
 
+
+# A context manager around one apply that yields the ``advance`` callback to use.
+ApplyWatch = Callable[["ModelRuntime", list[LoggedEvent]], AbstractContextManager[Advance]]
 
 # A candidate link: (src, dst, t); t None means the latest event time seen.
 Pair = tuple[str, str, float | None]
@@ -222,7 +224,9 @@ class Engine:
         # processes the compare-and-set keeps it exactly once.
         self._apply_lock = threading.Lock()
         self.needs_redrive = True  # on start: re-drive whatever a crash left logged but unapplied
-        self.live_eval: LiveEvaluator | None = None  # set by the lifespan when the rate is > 0
+        # Around each apply: yields the advance callback to hand the applier (the live
+        # evaluation's, service/live_eval.py, set by the lifespan); None = the runtime's.
+        self.apply_watch: ApplyWatch | None = None
 
     @property
     def runtime(self) -> ModelRuntime:
@@ -295,7 +299,7 @@ class Engine:
             with (
                 self._apply_lock,
                 timed_store("apply"),
-                watch_for_live_eval(self.live_eval, rt, logged.events) as advance,
+                self._watch(rt, logged.events) as advance,
             ):
                 stats = apply_logged(
                     self.store,
@@ -308,6 +312,13 @@ class Engine:
         except Exception:
             self.needs_redrive = True  # logged but maybe not applied: re-drive later
             raise
+
+    def _watch(
+        self, rt: ModelRuntime, events: list[LoggedEvent]
+    ) -> AbstractContextManager[Advance]:
+        if self.apply_watch is None:
+            return nullcontext(rt.advance_blobs)
+        return self.apply_watch(rt, events)
 
     def redrive(self) -> int:
         rt = self.runtime

@@ -52,7 +52,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     )
     store = open_store(settings.store)
     engine = Engine(runtime, store, numpy_max_pairs=settings.numpy_score_max_pairs)
-    engine.live_eval = LiveEvaluator.from_settings(settings)  # None when the rate is 0
+    live_eval = LiveEvaluator.from_settings(settings)  # None when the rate is 0
+    if live_eval is not None:
+        engine.apply_watch = live_eval.watch
     app.state.engine = engine
     # One scoring call in flight; requests that arrive meanwhile share the next one.
     app.state.batcher = ScoreBatcher(
@@ -76,8 +78,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield
     app.state.ready = False
     redrive_task.cancel()
-    if engine.live_eval is not None:
-        engine.live_eval.close()
+    if live_eval is not None:
+        live_eval.close()
     await store.aclose()
     store.close()
 

@@ -60,10 +60,10 @@ from state_store.base import LoggedEvent, StoreUnavailable
 from state_store.blob_header import read_watermark
 
 from . import live_eval_metrics as m
+from .engine import ModelRuntime, node_events
 from .rolling_quality import RollingQuality
 
 if TYPE_CHECKING:
-    from .engine import ModelRuntime
     from .settings import Settings
 
 log = logging.getLogger("dygserve")
@@ -367,8 +367,6 @@ def states_before(
     runtime's own, as the apply runs it; rows are independent, so a node may be in
     several rows, at several times). Scoring reads h, t_last and n_events of a state
     and the neighbour lists, never the conv tail."""
-    from .engine import node_events  # here: the engine imports this module
-
     states, lists = rt.decode([blob for blob, _ in snapshots])
     rows = [r for r, (_, events) in enumerate(snapshots) if events]
     if not rows:
@@ -460,16 +458,3 @@ class CpuBudget:
             cpu = time.thread_time() - start
             self.allowance -= cpu
             self.spent += cpu
-
-
-@contextmanager
-def watch_for_live_eval(
-    evaluator: LiveEvaluator | None, rt: ModelRuntime, events: list[LoggedEvent]
-) -> Iterator[Any]:
-    """The engine's hook around one apply: the ``advance`` callback to hand the applier
-    (the runtime's own when live evaluation is off)."""
-    if evaluator is None:
-        yield rt.advance_blobs
-        return
-    with evaluator.watch(rt, events) as advance:
-        yield advance

@@ -35,13 +35,14 @@ def runtime() -> ModelRuntime:
 
 def replay_with_evaluator(runtime, url: str, record, seed: int, events) -> list[dict]:
     engine = Engine(runtime, make_store(url))
-    engine.live_eval = LiveEvaluator(RATE, K, window=10_000, seed=seed, record=record)
+    evaluator = LiveEvaluator(RATE, K, window=10_000, seed=seed, record=record)
+    engine.apply_watch = evaluator.watch
     try:
         for lo in range(0, len(events), 250):  # cuts that ignore timestamp groups
             engine.ingest(events[lo : lo + 250])
-        engine.live_eval.drain()
+        evaluator.drain()
     finally:
-        engine.live_eval.close()
+        evaluator.close()
         engine.store.close()
     return [json.loads(line) for line in record.read_text().splitlines()]
 
@@ -86,7 +87,8 @@ def test_a_store_error_in_the_apply_skips_the_batch_and_counts_it(runtime, tmp_p
         pytest.skip("redis-server is not installed (CI installs it)")
     server = start_redis(tmp_path)
     engine = Engine(runtime, make_store(server.url, socket_timeout=0.5))
-    engine.live_eval = LiveEvaluator(1.0, K, seed=SEED)
+    evaluator = LiveEvaluator(1.0, K, seed=SEED)
+    engine.apply_watch = evaluator.watch
     try:
         rt = engine.runtime
         _, logged = engine.log_events(rt, [{"src": "a", "dst": "b", "t": 1.0}])
@@ -95,14 +97,14 @@ def test_a_store_error_in_the_apply_skips_the_batch_and_counts_it(runtime, tmp_p
         server.stop()
         with pytest.raises(StoreUnavailable):
             engine.apply(rt, logged)
-        engine.live_eval.drain()
+        evaluator.drain()
         assert (
             counter("dygserve_live_eval_skipped_total", reason="batch_store_error")
             == failed_before + 1
         )
         assert counter("dygserve_live_eval_samples_total") == samples_before
     finally:
-        engine.live_eval.close()
+        evaluator.close()
         engine.store.close()
         server.stop()
 
@@ -115,13 +117,14 @@ def test_past_its_cpu_budget_the_evaluator_skips_and_counts(runtime, redis_serve
     redis_server.flush()
     engine = Engine(runtime, make_store(redis_server.url))
     # 0.1% of a core: about 10 ms of evaluation, then nearly nothing
-    engine.live_eval = LiveEvaluator(1.0, K, seed=SEED, cpu_budget=0.001)
+    evaluator = LiveEvaluator(1.0, K, seed=SEED, cpu_budget=0.001)
+    engine.apply_watch = evaluator.watch
     try:
         for lo in range(0, len(events), 250):
             engine.ingest(events[lo : lo + 250])
-        engine.live_eval.drain()
+        evaluator.drain()
     finally:
-        engine.live_eval.close()
+        evaluator.close()
         engine.store.close()
     skipped = {
         r: counter("dygserve_live_eval_skipped_total", reason=r) - before[r] for r in reasons
