@@ -27,6 +27,17 @@ METHOD = "gradient x input of each event's term in the decayed state"
 def explain_pair(engine: Engine, src: str, dst: str, t: float, k: int) -> Explanation:
     rt = engine.runtime
     model = rt.checkpoint.model
+    if not rt.config.use_state:  # a pair-features-only model: no event reaches the logit
+        return Explanation(
+            method="none: this model reads no node state",
+            logit=None,
+            src=EndpointExplanation(
+                node=src, events=[], events_in_state=0, total=0.0, unexplained=0.0
+            ),
+            dst=EndpointExplanation(
+                node=dst, events=[], events_in_state=0, total=0.0, unexplained=0.0
+            ),
+        )
     dev = next(model.parameters()).device
     nodes = distinct_nodes([(src, dst, t)])
     states, lists, _ = engine.load_states(rt, nodes)

@@ -169,7 +169,9 @@ class EndpointExplanation(BaseModel):
 
 class Explanation(BaseModel):
     method: str
-    logit: float = Field(description="the logit recomputed along the way (equal to the score's)")
+    logit: float | None = Field(
+        description="the logit recomputed along the way (equal to the score's); null for a model without state"
+    )
     src: EndpointExplanation
     dst: EndpointExplanation
 

@@ -11,11 +11,16 @@ import pytest
 import torch
 
 from loadtests.accuracy_replay import ServiceClient
-from model.checkpoint import load_checkpoint
+from model.checkpoint import load_checkpoint, save_checkpoint
+from model.config import ModelConfig
 from model.events import NodeEvent, pad_events
+from model.link_model import DygMambaLinkModel
 from model.node_state import NodeStates
 from model.pair_features import pair_inputs
+from service.engine import Engine, ModelRuntime
+from service.explain import explain_pair
 from service.settings import DEFAULT_CHECKPOINT
+from state_store.factory import make_store
 from tests.support.service_process import start_service
 from training.batches import IndexedStream
 from training.data import read_edge_stream
@@ -153,3 +158,14 @@ def test_explain_ranks_events_by_what_removing_them_does(redis_server, data_dir,
             assert abs(without_top - base) > abs(without_bottom - base), (side, u, v, t)
             # and the top event's first-order contribution has the sign of what it adds
             assert np.sign(e["events"][0]["contribution"]) == np.sign(base - without_top)
+
+
+def test_a_model_without_state_explains_nothing(tmp_path):
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "ck", DygMambaLinkModel(ModelConfig(use_state=False)))
+    engine = Engine(ModelRuntime.load(tmp_path / "ck"), make_store(None))
+    engine.ingest([{"src": "a", "dst": "b", "t": 1.0}, {"src": "b", "dst": "a", "t": 2.0}])
+    ex = explain_pair(engine, "a", "b", 3.0, 5)
+    assert ex.logit is None and ex.src.events == [] and ex.dst.events == []
+    scored, _ = engine.score_pairs([("a", "b", 3.0)])
+    assert np.isfinite(scored[0].logit)
