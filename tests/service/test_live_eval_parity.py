@@ -22,10 +22,12 @@ from loadtests.accuracy_replay import ServiceClient
 from model.checkpoint import load_checkpoint
 from service.settings import DEFAULT_CHECKPOINT
 from tests.support.service_process import start_service
+from training import evaluate
 from training.batches import IndexedStream
 from training.data import chronological_split, read_edge_stream
+from training.live_record import LiveRecord, record_queries
 from training.metrics import average_precision
-from training.replay import Queries, replay
+from training.replay import replay
 
 TEST_EVENTS = 1500  # a prefix of the test split's 8,976 events keeps this under a minute
 BATCH = 200
@@ -104,32 +106,35 @@ def test_live_ap_equals_offline_on_the_sampled_pairs(redis_server, data_dir, tmp
     assert all(len(s["negatives"]) == 1 for s in samples)
     assert sum(s["negatives"][0]["dst"] != s["dst"] for s in samples) == len(samples)
 
-    # The same pairs through the offline evaluator's replay.
-    data = IndexedStream.build(stream)
-    index = {n: i for i, n in enumerate(data.node_ids)}
-    event = np.array([int(s["event_id"].rsplit(":", 1)[1]) for s in samples])
-    assert np.isin(event, test_part).all()
-    n = len(samples)
-    queries = Queries(
-        src=np.array([index[s["src"]] for s in samples] * 2),
-        dst=np.array(
-            [index[s["dst"]] for s in samples] + [index[s["negatives"][0]["dst"]] for s in samples]
-        ),
-        t=np.array([s["t"] for s in samples] * 2, dtype=np.float64),
-        event=np.r_[event, event],
-        kind=np.array(["pos"] * n + ["live"] * n, dtype=object),
-        setting=np.full(2 * n, "", dtype=object),
-        split=np.full(2 * n, "test", dtype=object),
+    # The same pairs through `dygserve evaluate --live-record` (the offline replay).
+    rc = evaluate.main(
+        [
+            "--checkpoint",
+            str(DEFAULT_CHECKPOINT),
+            "--data",
+            str(data_dir / "uci" / "edges.csv.gz"),
+            "--live-record",
+            str(record),
+            "--out",
+            str(tmp_path / "eval"),
+        ]
     )
-    queries.logit = np.full(2 * n, np.nan)
-    replay(load_checkpoint(DEFAULT_CHECKPOINT).model, data, queries)
-    served = np.array([s["logit"] for s in samples] + [s["negatives"][0]["logit"] for s in samples])
-    diff = np.abs(served - queries.logit)
-    assert diff.max() <= 1e-4, f"max |live - offline| = {diff.max():.2e}"
-
-    labels = np.r_[np.ones(n), np.zeros(n)]
-    offline_ap = average_precision(labels, queries.logit)
+    assert rc == 0
+    offline = json.loads((tmp_path / "eval" / "metrics.json").read_text())["live_record"]
+    assert offline["samples"] == len(samples)
+    assert offline["max_abs_logit_difference"] <= 1e-4
+    assert 0.5 < offline["ap_offline"] < 1.0
     live_ap = metric(text, "dygserve_live_ap")
-    assert 0.5 < offline_ap < 1.0
-    assert live_ap == pytest.approx(offline_ap, abs=1e-6)
-    assert metric(text, "dygserve_live_window_samples") == n
+    assert live_ap == pytest.approx(offline["ap_offline"], abs=1e-6)
+    assert live_ap == pytest.approx(offline["ap_served"], abs=1e-12)
+    assert metric(text, "dygserve_live_window_samples") == len(samples)
+
+    # and by hand: the record's pairs, replayed offline, labelled 1 / 0
+    data = IndexedStream.build(stream)
+    queries, served = record_queries(data, LiveRecord.read(record))
+    replay(load_checkpoint(DEFAULT_CHECKPOINT).model, data, queries)
+    n = len(samples)
+    labels = np.r_[np.ones(n), np.zeros(n)]
+    order = np.r_[np.arange(0, 2 * n, 2), np.arange(1, 2 * n, 2)]  # positives, then negatives
+    assert abs(average_precision(labels, queries.logit[order]) - live_ap) < 1e-6
+    assert np.abs(queries.logit - served).max() <= 1e-4
