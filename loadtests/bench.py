@@ -449,39 +449,49 @@ def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], object
 LIVE_EVAL_REPS = 3
 
 
-def live_eval_cpu(checkpoint: Path, data: Path, redis_url: str, events: int = 20_000) -> str:
+def live_eval_cpu(
+    checkpoint: Path, data: Path, redis_url: str, events: int = 20_000, cpu_budget: float = 1.0
+) -> str:
     """CPU seconds the evaluator spends per 1,000 ingested events at the default rate,
     beside those of the ingest calls themselves (the engine in process on Redis, batches
-    of 1,000, no CPU budget). Thread CPU times: other work on the machine hardly moves
-    them, unlike throughput."""
+    of 1,000, as fast as it goes), and how many sampled events it scored under
+    ``cpu_budget``. Thread CPU times: other work on the machine moves them far less than
+    it moves throughput."""
     import redis as redis_lib
 
-    from service.live_eval import LiveEvaluator
+    from service.live_eval import LiveEvaluator, sampled
     from state_store.factory import make_store
 
     redis_lib.Redis.from_url(redis_url).flushall()
     stream = read_edge_stream(data, limit=events)
     rt = ModelRuntime.load(checkpoint)
     engine = Engine(rt, make_store(redis_url))
-    evaluator = LiveEvaluator(0.01, 9, cpu_budget=1.0)
+    evaluator = LiveEvaluator(0.01, 9, window=100_000, cpu_budget=cpu_budget)
     engine.apply_watch = evaluator.watch
     ingest_cpu = 0.0
+    start_wall = time.perf_counter()
     try:
         for lo in range(0, len(stream), 1000):
             batch = _events(stream, lo, min(lo + 1000, len(stream)), rt.config.edge_feature_dim)
             start = time.thread_time()
             engine.ingest(batch)
             ingest_cpu += time.thread_time() - start
+        wall = time.perf_counter() - start_wall
         evaluator.drain(timeout=120)
     finally:
         evaluator.close()
         engine.store.close()
     per_k = 1000.0 / len(stream)
+    sampled_n = int(sampled(np.arange(1, len(stream) + 1), 0, 0.01).sum())
+    scored = int(evaluator.quality.quality().samples)
+    budget = "no budget" if cpu_budget >= 1 else f"budget {cpu_budget:g} of a core"
     return (
-        f"| CPU per 1,000 ingested UCI events, engine in process on Redis, live eval at 0.01 "
-        f"(K = 9, no budget) | ingest calls {ingest_cpu * per_k * 1e3:.1f} ms, evaluator "
+        f"| CPU per 1,000 ingested UCI events, engine in process on Redis at full speed, live eval "
+        f"at 0.01 (K = 9, {budget}) | ingest calls {ingest_cpu * per_k * 1e3:.1f} ms, evaluator "
         f"{evaluator.budget.spent * per_k * 1e3:.1f} ms "
-        f"({100 * evaluator.budget.spent / ingest_cpu:.0f}% of the ingest's) |"
+        f"({100 * evaluator.budget.spent / ingest_cpu:.0f}% of the ingest's; "
+        f"{100 * evaluator.budget.spent / wall:.1f}% of a core over the {wall:.1f} s run; "
+        f"{scored} of {sampled_n} sampled events scored) |"
     )
 
 
@@ -604,6 +614,7 @@ def bench_live_eval(
             f"| live samples scored per run at rate 0.01 | {statistics.median(samples):,.0f} |"
         )
     rows.append(live_eval_cpu(checkpoint, data, redis_url))
+    rows.append(live_eval_cpu(checkpoint, data, redis_url, events=60_000, cpu_budget=0.05))
     return rows
 
 
