@@ -178,6 +178,9 @@ class LiveEvaluator:
         except Exception as exc:
             reason = "batch_store_error" if isinstance(exc, StoreUnavailable) else "batch_failed"
             m.LIVE_SKIPPED.labels(reason=reason).inc()
+            # Part of the batch may be written, and the re-drive (which is not watched)
+            # writes the rest: the pool's blobs of those nodes would be stale.
+            self._pool_dirty = True
             raise
         try:
             self._queue.put_nowait(batch)

@@ -103,6 +103,8 @@ def test_a_store_error_in_the_apply_skips_the_batch_and_counts_it(runtime, tmp_p
             == failed_before + 1
         )
         assert counter("dygserve_live_eval_samples_total") == samples_before
+        # the re-drive will write what the failed apply did not: the pool starts again
+        assert evaluator._pool_dirty
     finally:
         evaluator.close()
         engine.store.close()
