@@ -51,16 +51,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from model.node_ids import node_keys
-from model.node_state import NeighbourLists, NodeStates
-from model.streaming import score_nodes
 from state_store.base import LoggedEvent, StoreUnavailable
 from state_store.blob_header import read_watermark
 
 from . import live_eval_metrics as m
-from .engine import ModelRuntime, node_events
+from .cpu_budget import CpuBudget
+from .engine import ModelRuntime
+from .live_eval_rows import Snapshot, score_rows, states_before
 from .rolling_quality import RollingQuality
 
 if TYPE_CHECKING:
@@ -120,8 +118,6 @@ class AppliedBatch:
         return out
 
 
-# A node's state just before a time: a blob and the events to apply on top of it.
-Snapshot = tuple[bytes | None, list[LoggedEvent]]
 # What an apply did to a node: its blob before, the events applied, its blob after.
 Applied = tuple[bytes | None, list[LoggedEvent], bytes]
 
@@ -362,58 +358,6 @@ class LiveEvaluator:
         m.LIVE_SAMPLES.inc(len(samples))
 
 
-def states_before(
-    rt: ModelRuntime, names: list[str], snapshots: list[Snapshot]
-) -> tuple[NodeStates, NeighbourLists]:
-    """The states and neighbour lists of rows (node, blob + events to apply on top):
-    one decode, then one rank-major advance of every row that has events (the
-    runtime's own, as the apply runs it; rows are independent, so a node may be in
-    several rows, at several times). Scoring reads h, t_last and n_events of a state
-    and the neighbour lists, never the conv tail."""
-    states, lists = rt.decode([blob for blob, _ in snapshots])
-    rows = [r for r, (_, events) in enumerate(snapshots) if events]
-    if not rows:
-        return states, lists
-    per_row = [node_events(names[r], snapshots[r][1]) for r in rows]
-    idx = torch.tensor(rows)
-    new = rt.kernels.advance(states.select(idx).to(rt.device), per_row).to("cpu")
-    states.h[idx], states.t_last[idx], states.n_events[idx] = new.h, new.t_last, new.n_events
-    states.last_seq[idx] = new.last_seq
-    grown = lists.select(idx).extended(per_row)
-    lists.keys[idx], lists.times[idx] = grown.keys, grown.times
-    return states, lists
-
-
-def score_rows(
-    rt: ModelRuntime,
-    names: list[str],
-    states: NodeStates,
-    lists: NeighbourLists,
-    iu: list[int],
-    iv: list[int],
-    tau: list[float],
-) -> np.ndarray:
-    """Logits of the pairs (row iu, row iv) at tau with ``streaming.score_nodes``. (Not
-    the numpy twin the engine takes for small calls: with one time per pair, as here,
-    torch is faster, 2.4 against 3.8 ms for a batch's ~100 pairs.)"""
-    keys = node_keys(names)
-    dev = rt.device
-    return (
-        score_nodes(
-            rt.model,
-            states.to(dev),
-            lists.to(dev),
-            torch.from_numpy(keys).to(dev),
-            torch.tensor(iu, device=dev),
-            torch.tensor(iv, device=dev),
-            torch.tensor(tau, dtype=torch.float64, device=dev),
-        )
-        .to(torch.float64)
-        .cpu()
-        .numpy()
-    )
-
-
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
 
@@ -424,40 +368,3 @@ def reference_ap(metrics: dict[str, Any]) -> float | None:
         return float(metrics["evaluation"]["test"]["transductive"]["random"]["ap"])
     except (KeyError, TypeError, ValueError):
         return None
-
-
-class CpuBudget:
-    """At most ``share`` of one core, on average, for the evaluation: every second of
-    wall time adds ``share`` seconds of CPU to an allowance (capped at ``BURST_S`` seconds'
-    worth: bursts are short), each evaluation spends its thread's CPU time, and none starts while the
-    allowance is spent. Under an ingest load that would need more, sampled events are
-    skipped (and counted) instead of taking CPU from the ingest; ``share`` >= 1 never
-    skips."""
-
-    BURST_S = 2.0
-
-    def __init__(self, share: float) -> None:
-        self.share = share
-        self.allowance = share * self.BURST_S
-        self.spent = 0.0  # CPU seconds of evaluation so far
-        self._at = time.monotonic()
-
-    def allows(self) -> bool:
-        if self.share >= 1.0:
-            return True
-        now = time.monotonic()
-        self.allowance = min(
-            self.share * self.BURST_S, self.allowance + (now - self._at) * self.share
-        )
-        self._at = now
-        return self.allowance > 0
-
-    @contextmanager
-    def spending(self) -> Iterator[None]:
-        start = time.thread_time()
-        try:
-            yield
-        finally:
-            cpu = time.thread_time() - start
-            self.allowance -= cpu
-            self.spent += cpu
