@@ -118,8 +118,9 @@ def test_past_its_cpu_budget_the_evaluator_skips_and_counts(runtime, redis_serve
     samples_before = counter("dygserve_live_eval_samples_total")
     redis_server.flush()
     engine = Engine(runtime, make_store(redis_server.url))
-    # 0.1% of a core: about 10 ms of evaluation, then nearly nothing
-    evaluator = LiveEvaluator(1.0, K, seed=SEED, cpu_budget=0.001)
+    # 1% of a core: 20 ms of allowance to start with (the first batch only fills the
+    # destination pool; the second is scored and overspends it), then 10 ms a second
+    evaluator = LiveEvaluator(1.0, K, seed=SEED, cpu_budget=0.01)
     engine.apply_watch = evaluator.watch
     try:
         for lo in range(0, len(events), 250):
@@ -133,5 +134,5 @@ def test_past_its_cpu_budget_the_evaluator_skips_and_counts(runtime, redis_serve
     }
     scored = counter("dygserve_live_eval_samples_total") - samples_before
     assert scored + sum(skipped.values()) == len(events)  # rate 1: every event sampled
-    assert skipped["cpu_budget"] >= len(events) - 2 * 250  # at most two batches evaluated
+    assert skipped["cpu_budget"] >= len(events) / 2  # most batches refused
     assert scored > 0
