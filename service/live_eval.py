@@ -15,13 +15,15 @@ Cost, and why it is exact without reading the store again:
   touched node's blob before the batch, its new events, its new blob) and one
   ``put_nowait`` on a bounded queue, after the apply. Nothing per event, no store
   call, no wait: a full queue drops the batch and counts it.
-* A background thread does the rest: picks the samples, rebuilds each endpoint's
-  state just before the event (its blob before the batch, advanced by its batch
-  events earlier than the event's time, by the runtime's own ``advance_blobs``),
-  takes each negative's state from the same place when the batch touched it and
-  otherwise from the newest blob this process committed for it (kept for the
-  ``live_eval_pool`` most recently active destinations), and scores them all with
-  ``model.streaming.score_nodes``, the function the score routes run.
+* A background thread does the rest (``live_eval_rows``): picks the samples, rebuilds
+  each endpoint's state just before the event (its blob before the batch, advanced by
+  its batch events earlier than the event's time with the runtime's own rank-major
+  advance, or the blob after the batch when all of those came first), takes each
+  negative's state from the same place when the batch touched it and otherwise from
+  the newest blob this process committed for it (kept for the ``live_eval_pool`` most
+  recently active destinations), and scores them with the model's read-out and head.
+  It stays within a CPU budget (``cpu_budget``; sampled events past it are skipped and
+  counted) and yields the GIL between samples.
 * A state that already holds an event at or after the sample's time (a timestamp
   group cut between two requests, or a stream out of order across nodes) cannot
   give the exact-visibility score: such an endpoint skips the sample
