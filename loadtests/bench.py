@@ -5,6 +5,8 @@
   starts itself: the store bench, the pipeline bench, and the HTTP service under
   the replay load generator (ingest in batches of 1,000; single GET /v1/score at
   200 requests/s; POST /v1/score with 1,000 pairs), written to the report.
+* ``bench live-eval``: what the live evaluation costs, the HTTP ingest rate and GET
+  latency with ``DYGSERVE_LIVE_EVAL_RATE`` at its default and at 0 (part of ``all``).
 * ``bench gpu``: cold rebuilds, backfill and scoring on a GPU (``loadtests.gpu_bench``);
   its section of the report is kept by ``bench all``.
 * ``bench pipeline [--redis-url URL]``: the service engine in process on a real
@@ -258,7 +260,12 @@ def bench_pipeline(
 
 
 def _start_service(
-    redis_url: str, checkpoint: Path, log_dir: str, backend: str = "torch", workers: int = 1
+    redis_url: str,
+    checkpoint: Path,
+    log_dir: str,
+    backend: str = "torch",
+    workers: int = 1,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen, str]:
     import os
     import socket
@@ -274,6 +281,7 @@ def _start_service(
         "DYGSERVE_HOST": "127.0.0.1",
         "DYGSERVE_BACKEND": backend,
         "DYGSERVE_WORKERS": str(workers),
+        **(extra_env or {}),
     }
     log = open(Path(log_dir) / "service.log", "wb")
     proc = subprocess.Popen(
@@ -438,6 +446,178 @@ def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], object
     return rows
 
 
+LIVE_EVAL_REPS = 3
+
+
+def live_eval_cpu(
+    checkpoint: Path, data: Path, redis_url: str, events: int = 20_000, cpu_budget: float = 1.0
+) -> str:
+    """CPU seconds the evaluator spends per 1,000 ingested events at the default rate,
+    beside those of the ingest calls themselves (the engine in process on Redis, batches
+    of 1,000, as fast as it goes), and how many sampled events it scored under
+    ``cpu_budget``. Thread CPU times: other work on the machine moves them far less than
+    it moves throughput."""
+    import redis as redis_lib
+
+    from service.live_eval import LiveEvaluator, sampled
+    from state_store.factory import make_store
+
+    redis_lib.Redis.from_url(redis_url).flushall()
+    stream = read_edge_stream(data, limit=events)
+    rt = ModelRuntime.load(checkpoint)
+    engine = Engine(rt, make_store(redis_url))
+    evaluator = LiveEvaluator(0.01, 9, window=100_000, cpu_budget=cpu_budget)
+    engine.apply_watch = evaluator.watch
+    ingest_cpu = 0.0
+    start_wall = time.perf_counter()
+    try:
+        for lo in range(0, len(stream), 1000):
+            batch = _events(stream, lo, min(lo + 1000, len(stream)), rt.config.edge_feature_dim)
+            start = time.thread_time()
+            engine.ingest(batch)
+            ingest_cpu += time.thread_time() - start
+        wall = time.perf_counter() - start_wall
+        evaluator.drain(timeout=120)
+    finally:
+        evaluator.close()
+        engine.store.close()
+    per_k = 1000.0 / len(stream)
+    sampled_n = int(sampled(np.arange(1, len(stream) + 1), 0, 0.01).sum())
+    scored = int(evaluator.quality.quality().samples)
+    budget = "no budget" if cpu_budget >= 1 else f"budget {cpu_budget:g} of a core"
+    return (
+        f"| CPU per 1,000 ingested UCI events, engine in process on Redis at full speed, live eval "
+        f"at 0.01 (K = 9, {budget}) | ingest calls {ingest_cpu * per_k * 1e3:.1f} ms, evaluator "
+        f"{evaluator.budget.spent * per_k * 1e3:.1f} ms "
+        f"({100 * evaluator.budget.spent / ingest_cpu:.0f}% of the ingest's; "
+        f"{100 * evaluator.budget.spent / wall:.1f}% of a core over the {wall:.1f} s run; "
+        f"{scored} of {sampled_n} sampled events scored) |"
+    )
+
+
+def bench_live_eval(
+    checkpoint: Path,
+    data: Path,
+    redis_url: str,
+    log_dir: Path,
+    events: int = 30_000,
+    reps: int = LIVE_EVAL_REPS,
+    get_seconds: float = 20.0,
+) -> list[str]:
+    """What the live evaluation costs: the same HTTP runs with ``DYGSERVE_LIVE_EVAL_RATE``
+    at its default (0.01) and at 0 (off), a fresh service and an empty Redis for each,
+    the two rates alternating so that drift in the machine's load hits both alike.
+    Per run: ingest of the first ``events`` UCI events in batches of 1,000 (2 clients),
+    then single GET /v1/score at 200 requests/s in an open loop for ``get_seconds``
+    while 500 events/s more are ingested beside it (the evaluator has work to do)."""
+    import asyncio
+    import statistics
+
+    import redis as redis_lib
+
+    from loadtests.open_loop import OpenLoopConfig, pairs_from_csv, run_open_loop
+    from loadtests.replay_load import LoadConfig, run_load
+
+    pairs = pairs_from_csv(data, limit=events)
+    rates: dict[str, list[float]] = {"0.01": [], "0": []}
+    p50: dict[str, list[float]] = {"0.01": [], "0": []}
+    p99: dict[str, list[float]] = {"0.01": [], "0": []}
+    samples: list[float] = []
+    for _ in range(reps):
+        for rate in rates:
+            redis_lib.Redis.from_url(redis_url).flushall()
+            svc, url = _start_service(
+                redis_url,
+                checkpoint,
+                str(log_dir),
+                extra_env={"DYGSERVE_LIVE_EVAL_RATE": rate},
+            )
+            try:
+                report, _ = asyncio.run(
+                    run_load(
+                        LoadConfig(
+                            url=url,
+                            data=str(data),
+                            batch_size=1000,
+                            concurrency=2,
+                            max_events=events,
+                            duration=120,
+                            score_rate=0,
+                            plots=False,
+                        )
+                    )
+                )
+                rates[rate].append(report.events_per_s)
+                beside = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "loadtests.replay_load",
+                        "--url",
+                        url,
+                        "--data",
+                        str(data),
+                        "--start-row",
+                        str(events),
+                        "--batch-size",
+                        "100",
+                        "--event-rate",
+                        "500",
+                        "--score-rate",
+                        "0",
+                        "--duration",
+                        str(get_seconds + 5),
+                        "--concurrency",
+                        "1",
+                        "--out",
+                        str(log_dir / "ingest_beside_get"),
+                        "--no-plots",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                time.sleep(2)
+                st = run_open_loop(
+                    OpenLoopConfig(url=url, rate=200, duration=get_seconds, threads=8), pairs
+                ).latency
+                beside.terminate()
+                beside.wait()
+                p50[rate].append(st.p50_ms)
+                p99[rate].append(st.p99_ms)
+                if rate != "0":
+                    with DygserveClient(url) as client:
+                        text = client.metrics()
+                    samples += [
+                        float(line.split()[-1])
+                        for line in text.splitlines()
+                        if line.startswith("dygserve_live_eval_samples_total ")
+                    ]
+            finally:
+                svc.terminate()
+                svc.wait(timeout=60)
+    med = {r: statistics.median(v) for r, v in rates.items()}
+    cost = 100.0 * (1.0 - med["0.01"] / med["0"])
+    rows = [
+        f"| HTTP ingest, batches of 1,000 events, live eval off (rate 0), median of {reps} runs | "
+        f"{med['0']:,.0f} events/s ({_spread(rates['0'])}) |",
+        f"| the same with live eval at the default rate 0.01 (K = 9), median of {reps} runs | "
+        f"{med['0.01']:,.0f} events/s ({_spread(rates['0.01'])}); cost {cost:+.1f}% |",
+    ]
+    for rate, label in (("0", "off"), ("0.01", "at rate 0.01")):
+        rows.append(
+            f"| single GET /v1/score at 200 req/s beside 500 events/s ingest, live eval {label}, "
+            f"median of {reps} runs | p50 {statistics.median(p50[rate]):.2f} ms, "
+            f"p99 {statistics.median(p99[rate]):.2f} ms (p99 runs {min(p99[rate]):.2f} to {max(p99[rate]):.2f}) |"
+        )
+    if samples:
+        rows.append(
+            f"| live samples scored per run at rate 0.01 | {statistics.median(samples):,.0f} |"
+        )
+    rows.append(live_eval_cpu(checkpoint, data, redis_url))
+    rows.append(live_eval_cpu(checkpoint, data, redis_url, events=60_000, cpu_budget=0.05))
+    return rows
+
+
 def bench_all(
     checkpoint: Path,
     data: Path,
@@ -459,6 +639,15 @@ def bench_all(
         store = run_store_bench(redis_url)
         import redis as redis_lib
 
+        live_rows = bench_live_eval(checkpoint, data, redis_url, out)
+        sections += [
+            "## Cost of the live evaluation (`dygserve bench live-eval`)",
+            "",
+            "| figure | value |",
+            "| --- | --- |",
+            *live_rows,
+            "",
+        ]
         for backend in backends:
             (out / backend).mkdir(parents=True, exist_ok=True)
             redis_lib.Redis.from_url(redis_url).flushall()
@@ -547,6 +736,13 @@ def main(argv: list[str] | None = None) -> int:
     pipe.add_argument("--events", type=int, default=20_000)
     pipe.add_argument("--window", type=int, default=64)
     pipe.add_argument("--backend", choices=("torch", "onnx"), default="torch")
+    live = sub.add_parser("live-eval")
+    live.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
+    live.add_argument("--data", type=Path, default=Path("../shared/data/uci/edges.csv.gz"))
+    live.add_argument("--events", type=int, default=30_000)
+    live.add_argument("--reps", type=int, default=LIVE_EVAL_REPS)
+    live.add_argument("--get-seconds", type=float, default=20.0)
+    live.add_argument("--out", type=Path, default=Path("runs/bench"))
     every = sub.add_parser("all")
     every.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     every.add_argument("--data", type=Path, default=Path("../shared/data/uci/edges.csv.gz"))
@@ -563,6 +759,25 @@ def main(argv: list[str] | None = None) -> int:
         if not backends or set(backends) - {"torch", "onnx"}:
             p.error(f"--backends: a comma-separated list of torch and onnx, not {args.backends!r}")
         print(bench_all(args.checkpoint, args.data, args.doc, args.out, backends, args.workers))
+        return 0
+    if args.what == "live-eval":
+        args.out.mkdir(parents=True, exist_ok=True)
+        proc, redis_url, workdir = _start_redis()
+        try:
+            rows = bench_live_eval(
+                args.checkpoint,
+                args.data,
+                redis_url,
+                args.out,
+                args.events,
+                args.reps,
+                args.get_seconds,
+            )
+        finally:
+            proc.terminate()
+            proc.wait()
+            shutil.rmtree(workdir, ignore_errors=True)
+        print("\n".join(["| figure | value |", "| --- | --- |", *rows]))
         return 0
     torch.set_num_threads(1)
     print(

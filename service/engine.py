@@ -25,8 +25,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ from model.numpy_scorer import NumpyScorer
 from model.protocol import ServedModel
 from model.rank_plan import RankPlan
 from model.streaming import score_nodes
-from state_store.applier import LoggedBatch, apply_logged, catch_up_start, redrive
+from state_store.applier import Advance, LoggedBatch, apply_logged, catch_up_start, redrive
 from state_store.base import LoggedEvent, NewEvent, StateStore, StoreUnavailable
 from state_store.blob_header import read_watermark
 from state_store.faults import AFTER_LOG, maybe_crash
@@ -54,6 +54,9 @@ from .schemas import EventsResponse, NodeSummary, Rejected
 
 log = logging.getLogger("dygserve")
 
+
+# A context manager around one apply that yields the ``advance`` callback to use.
+ApplyWatch = Callable[["ModelRuntime", list[LoggedEvent]], AbstractContextManager[Advance]]
 
 # A candidate link: (src, dst, t); t None means the latest event time seen.
 Pair = tuple[str, str, float | None]
@@ -272,6 +275,9 @@ class Engine:
         # applies at once), and from it which blobs of the serving version may be stale.
         self._marks = VersionMarks()
         self._staleness = Staleness(runtime.version, NO_MARK, {})
+        # Around each apply: yields the advance callback to hand the applier (the live
+        # evaluation's, service/live_eval.py, set by the lifespan); None = the runtime's.
+        self.apply_watch: ApplyWatch | None = None
 
     @property
     def runtime(self) -> ModelRuntime:
@@ -403,12 +409,16 @@ class Engine:
 
     def apply(self, rt: ModelRuntime, logged: LoggedBatch) -> None:
         try:
-            with self._apply_lock, timed_store("apply"):
+            with (
+                self._apply_lock,
+                timed_store("apply"),
+                self._watch(rt, logged.events) as advance,
+            ):
                 stats = apply_logged(
                     self.store,
                     rt.version,
                     logged.events,
-                    rt.advance_blobs,
+                    advance,
                     previous_seq=logged.previous_seq,
                 )
             self._note_applied(rt.version, logged.events)
@@ -417,6 +427,13 @@ class Engine:
         except Exception:
             self.needs_redrive = True  # logged but maybe not applied: re-drive later
             raise
+
+    def _watch(
+        self, rt: ModelRuntime, events: list[LoggedEvent]
+    ) -> AbstractContextManager[Advance]:
+        if self.apply_watch is None:
+            return nullcontext(rt.advance_blobs)
+        return self.apply_watch(rt, events)
 
     def redrive(self) -> int:
         rt = self.runtime

@@ -21,6 +21,7 @@ from . import metrics
 from .batcher import ScoreBatcher
 from .engine import Engine, ModelRuntime
 from .gc_tuning import freeze_startup_objects, refreeze
+from .live_eval import LiveEvaluator
 from .malloc_tuning import keep_freed_memory
 from .model_follower import ModelFollower
 from .settings import Settings
@@ -56,6 +57,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     )
     store = open_store(settings.store)
     engine = Engine(runtime, store, numpy_max_pairs=settings.numpy_score_max_pairs)
+    live_eval = LiveEvaluator.from_settings(settings)  # None when the rate is 0
+    if live_eval is not None:
+        engine.apply_watch = live_eval.watch
     app.state.engine = engine
     # One scoring call in flight; requests that arrive meanwhile share the next one.
     app.state.batcher = ScoreBatcher(
@@ -84,6 +88,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.ready = False
     redrive_task.cancel()
     follow_task.cancel()
+    if live_eval is not None:
+        live_eval.close()
     await store.aclose()
     store.close()
 

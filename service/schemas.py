@@ -13,7 +13,7 @@ edge features must be finite as float32, the dtype the model reads them in. Ids
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat
 
@@ -135,6 +135,47 @@ class PairScore(BaseModel):
     logit: float
 
 
+MAX_EXPLAIN_EVENTS = 100
+
+
+class ExplainedEvent(BaseModel):
+    """One past event of an endpoint and what it contributes to the logit."""
+
+    t: float
+    counterpart: str = Field(description="the event's other endpoint")
+    role: Literal["src", "dst", "self"] = Field(
+        description="the endpoint's role in the event (self: a self-loop)"
+    )
+    event_id: str | None
+    seq: int = Field(description="the event's log sequence number")
+    contribution: float = Field(
+        description="first-order change of the logit owed to this event's term in the decayed state"
+        " (gradient x input); see the README, 'Explaining a score'"
+    )
+
+
+class EndpointExplanation(BaseModel):
+    node: str
+    events: list[ExplainedEvent] = Field(
+        description="the k events with the largest |contribution|, largest first"
+    )
+    events_in_state: int = Field(description="events in the node's state (its stored history)")
+    total: float = Field(description="sum of the contributions of all events_in_state events")
+    unexplained: float = Field(
+        description="first-order share of the state that its stored history does not rebuild"
+        " (0 up to rounding unless the history is capped)"
+    )
+
+
+class Explanation(BaseModel):
+    method: str
+    logit: float | None = Field(
+        description="the logit recomputed along the way (equal to the score's); null for a model without state"
+    )
+    src: EndpointExplanation
+    dst: EndpointExplanation
+
+
 class ScoreDetail(PairScore):
     model_version: str
     src_state_age: float | None = Field(
@@ -147,6 +188,9 @@ class ScoreDetail(PairScore):
     dst_inductive: bool
     clamped: bool = Field(
         description="t was earlier than an endpoint's last event and was clamped to it"
+    )
+    explanation: Explanation | None = Field(
+        None, description="with explain=k: each endpoint's k past events that weigh most"
     )
 
 

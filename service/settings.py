@@ -143,6 +143,40 @@ class Settings(BaseSettings):
         description="where the torch backend runs ingest, cold rebuilds and scoring: auto = CUDA when present",
     )
 
+    # Live evaluation (service/live_eval.py): the service scores a sample of the events
+    # it ingests, before they count, against negatives it draws itself.
+    live_eval_rate: float = Field(
+        0.01, ge=0.0, le=1.0, description="fraction of ingested events scored live (0 = off)"
+    )
+    live_eval_negatives: int = Field(
+        9, ge=1, le=1000, description="K: random recently active destinations per live sample"
+    )
+    live_eval_window: int = Field(
+        1000, ge=1, description="N: the live AP, AUC and MRR are over the last N samples"
+    )
+    live_eval_seed: int = Field(
+        0, ge=0, description="which events are sampled and which negatives drawn (deterministic)"
+    )
+    live_eval_pool: int = Field(
+        2000,
+        ge=1,
+        description="recently active destinations kept (with their state) to draw negatives from",
+    )
+    live_eval_queue: int = Field(
+        64,
+        ge=1,
+        description="applied batches waiting for the evaluator; beyond it a batch is skipped",
+    )
+    live_eval_cpu_budget: float = Field(
+        0.05,
+        gt=0.0,
+        description="share of one core the live evaluation may use on average; sampled events"
+        " beyond it are skipped and counted (1 = no limit)",
+    )
+    live_eval_record: Path | None = Field(
+        None, description="append every live sample and its scores to this file (JSON lines)"
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _store_backend_from_url(cls, data: Any) -> Any:

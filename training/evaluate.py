@@ -26,6 +26,8 @@ CLI::
     python -m training.evaluate --checkpoint DIR --data PATH [--out DIR]
         [--visibility exact|batch] [--write-scores FILE] [--mrr-k 20]
         [--max-events N] [--splits val,test] [--baselines]
+    python -m training.evaluate --checkpoint DIR --data PATH --live-record FILE
+        (the pairs a running service scored live, ``training.live_record``)
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from .baselines import run_baselines
 from .batches import IndexedStream
 from .data import ChronologicalSplit, chronological_split, read_edge_stream
 from .jsonable import jsonable
+from .live_record import LiveRecord, score_live_record
 from .negatives import STRATEGIES
 from .plots import plot_score_histograms, plot_training_curves
 from .replay import Queries, build_queries, replay, summarise, write_scores
@@ -132,6 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--recompute-window", type=int, default=32, help="L for the recompute baseline")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--live-record",
+        default=None,
+        metavar="FILE",
+        help="score the pairs of a live-evaluation record (DYGSERVE_LIVE_EVAL_RECORD) instead",
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -148,6 +157,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(
             f"the data has {data.feature_dim} edge features, the checkpoint expects {ckpt.config.edge_feature_dim}"
         )
+    if args.live_record:
+        live = score_live_record(ckpt.model, data, LiveRecord.read(args.live_record))
+        live.pop("logits")
+        live["model_version"] = ckpt.version
+        (out / "metrics.json").write_text(
+            json.dumps(jsonable({"live_record": live}), indent=2, sort_keys=True) + "\n"
+        )
+        print(
+            f"live record: {live['samples']} samples, offline AP {live['ap_offline']:.6f}, "
+            f"served AP {live['ap_served']:.6f}, max |logit difference| "
+            f"{live['max_abs_logit_difference']:.2e}"
+        )
+        print(f"wrote {out}")
+        return 0
     splits = tuple(s for s in args.splits.split(",") if s)
     metrics, queries = evaluate_model(
         ckpt.model,

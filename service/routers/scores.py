@@ -7,16 +7,19 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
+from starlette.concurrency import run_in_threadpool
 
 from model.node_ids import MAX_ID_BYTES
 
 from .. import metrics
 from ..auth import require_read_key
-from ..deps import BatcherDep, SettingsDep
+from ..deps import BatcherDep, EngineDep, SettingsDep
 from ..engine import RequestRefused
 from ..errors import ERROR_RESPONSES
+from ..explain import explain_pair
 from ..schemas import (
     MAX_ABS_TIME,
+    MAX_EXPLAIN_EVENTS,
     RankRequest,
     RankResponse,
     ScoreDetail,
@@ -32,17 +35,35 @@ router = APIRouter(
 @router.get("/v1/score")
 async def get_score(
     batcher: BatcherDep,
+    engine: EngineDep,
     src: Annotated[str, Query(min_length=1, max_length=MAX_ID_BYTES)],
     dst: Annotated[str, Query(min_length=1, max_length=MAX_ID_BYTES)],
     t: Annotated[
         float | None, Query(allow_inf_nan=False, ge=-MAX_ABS_TIME, le=MAX_ABS_TIME)
     ] = None,
+    explain: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=MAX_EXPLAIN_EVENTS,
+            description="also list each endpoint's k past events that contribute most to the logit",
+        ),
+    ] = 0,
 ) -> ScoreDetail:
-    """Probability of a link src -> dst at time t (default: the latest event time seen)."""
+    """Probability of a link src -> dst at time t (default: the latest event time seen).
+
+    With ``explain=k`` the answer also holds, per endpoint, the k past events with the
+    largest contribution to the logit: each event's term in the endpoint's decayed
+    state, times the logit's gradient with respect to that state (a first-order
+    attribution through the read-out and the head; the causal conv, the event steps
+    and the pair features are held fixed: README, "Explaining a score")."""
     start = time.perf_counter()
     scored, version = await batcher.score([(src, dst, t)])
     p = scored[0]
     metrics.SCORE_LATENCY.labels(route="get_score").observe(time.perf_counter() - start)
+    explanation = (
+        await run_in_threadpool(explain_pair, engine, src, dst, p.t, explain) if explain else None
+    )
     return ScoreDetail(
         src=p.src,
         dst=p.dst,
@@ -55,6 +76,7 @@ async def get_score(
         src_inductive=p.src_inductive,
         dst_inductive=p.dst_inductive,
         clamped=p.clamped,
+        explanation=explanation,
     )
 
 

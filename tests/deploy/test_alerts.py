@@ -48,7 +48,7 @@ def test_rules_are_well_formed_and_query_exported_metrics() -> None:
     names = [r["alert"] for r in rules()]
     assert len(names) == len(set(names)) and names
     for r in rules():
-        assert r["labels"]["severity"] in ("warning", "critical"), r["alert"]
+        assert r["labels"]["severity"] in ("info", "warning", "critical"), r["alert"]
         assert r["annotations"]["summary"].strip(), r["alert"]
         assert str(r["for"])[-1] in "sm", r["alert"]
         used = checks.promql_metric_names(r["expr"])
@@ -67,6 +67,9 @@ def test_rules_are_well_formed_and_query_exported_metrics() -> None:
         "dygserve_store_errors_total",
     ):
         assert metric in exprs, metric
+    # and live quality against the served checkpoint's test AP (service/live_eval.py)
+    live = next(r["expr"] for r in rules() if r["alert"] == "DygserveLiveAPBelowCheckpoint")
+    assert "dygserve_live_ap" in live and "dygserve_checkpoint_test_ap" in live
 
 
 def test_promtool_accepts_the_rules() -> None:

@@ -40,6 +40,15 @@ FIXED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "dygserve_store_memory_used_bytes": ("gauge", frozenset()),
     "dygserve_store_memory_max_bytes": ("gauge", frozenset()),
     "dygserve_store_evicted_keys_total": ("counter", frozenset()),
+    # live evaluation (service/live_eval_metrics.py)
+    "dygserve_live_ap": ("gauge", frozenset()),
+    "dygserve_live_auc": ("gauge", frozenset()),
+    "dygserve_live_mrr": ("gauge", frozenset()),
+    "dygserve_live_window_samples": ("gauge", frozenset()),
+    "dygserve_checkpoint_test_ap": ("gauge", frozenset()),
+    "dygserve_live_eval_samples_total": ("counter", frozenset()),
+    "dygserve_live_eval_skipped_total": ("counter", frozenset({"reason"})),
+    "dygserve_live_score": ("histogram", frozenset({"label"})),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 TARGET_LABELS = frozenset({"instance", "job"})  # added by Prometheus at scrape time
@@ -258,3 +267,5 @@ def test_required_panels_are_there():
     assert has(r"dygserve_store_memory_used_bytes") and has(r"dygserve_store_memory_max_bytes")
     assert has(r"rate\(dygserve_store_evicted_keys_total")
     assert has(r"by \(reason\) \(rate\(dygserve_store_errors_total")
+    assert has(r"dygserve_live_ap") and has(r"dygserve_checkpoint_test_ap")  # live quality
+    assert has(r"by \(le, label\) \(rate\(dygserve_live_score_bucket")

@@ -1,0 +1,87 @@
+"""The model work of the live evaluation (``service.live_eval``): the states of a
+batch's sampled rows just before their times, and the scores of their pairs.
+
+A row is a node at a time: a blob and the node's events of the batch to apply on top
+(the ones before that time). The functions are the runtime's own (the rank-major
+advance the apply runs, ``model.streaming.score_nodes`` the score routes run), so the
+scores are those a ``GET /v1/score`` just before the event would have given.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from model.node_ids import node_keys
+from model.node_state import NeighbourLists, NodeStates
+from model.pair_features import pair_inputs
+from state_store.base import LoggedEvent
+
+from .engine import ModelRuntime, node_events
+
+# A node's state just before a time: a blob and the events to apply on top of it.
+Snapshot = tuple[bytes | None, list[LoggedEvent]]
+
+
+def states_before(
+    rt: ModelRuntime, names: list[str], snapshots: list[Snapshot]
+) -> tuple[NodeStates, NeighbourLists]:
+    """The states and neighbour lists of rows (node, blob + events to apply on top):
+    one decode, then one rank-major advance of every row that has events (the
+    runtime's own, as the apply runs it; rows are independent, so a node may be in
+    several rows, at several times). Scoring reads h, t_last and n_events of a state
+    and the neighbour lists, never the conv tail."""
+    states, lists = rt.decode([blob for blob, _ in snapshots])
+    rows = [r for r, (_, events) in enumerate(snapshots) if events]
+    if not rows:
+        return states, lists
+    per_row = [node_events(names[r], snapshots[r][1]) for r in rows]
+    idx = torch.tensor(rows)
+    new = rt.kernels.advance(states.select(idx).to(rt.device), per_row).to("cpu")
+    states.h[idx], states.t_last[idx], states.n_events[idx] = new.h, new.t_last, new.n_events
+    states.last_seq[idx] = new.last_seq
+    grown = lists.select(idx).extended(per_row)
+    lists.keys[idx], lists.times[idx] = grown.keys, grown.times
+    return states, lists
+
+
+def score_rows(
+    rt: ModelRuntime,
+    names: list[str],
+    states: NodeStates,
+    lists: NeighbourLists,
+    iu: list[int],
+    iv: list[int],
+    tau: list[float],
+) -> np.ndarray:
+    """Logits of the pairs (row iu, row iv) at tau: ``DygMambaLinkModel.score_nodes``
+    with one query time per row rather than per call (a row is a node at one sample's
+    time, and each sample's pairs share that time), so each row is decayed and read out
+    once, not once per pair (a third of the cost for a sample's 1 + K pairs). The torch
+    model whatever the scoring backend (the ONNX graphs are tested equal to it)."""
+    model = rt.advance_model
+    dev = rt.device
+    row_tau = torch.zeros(len(names), dtype=torch.float64)
+    row_tau[torch.tensor(iu)] = torch.tensor(tau, dtype=torch.float64)
+    row_tau[torch.tensor(iv)] = torch.tensor(tau, dtype=torch.float64)
+    keys = torch.from_numpy(node_keys(names)).to(dev)
+    su, sv = torch.tensor(iu, device=dev), torch.tensor(iv, device=dev)
+    states, lists = states.to(dev), lists.to(dev)
+    with torch.no_grad():
+        pair, ids = pair_inputs(
+            rt.config,
+            keys[su],
+            keys[sv],
+            torch.tensor(tau, dtype=torch.float64, device=dev),
+            lists.select(su),
+            lists.select(sv),
+            states.n_events[su],
+            states.n_events[sv],
+            states.t_last[su],
+            states.t_last[sv],
+        )
+        z_u = z_v = None
+        if rt.config.use_state:
+            z = model.node_readout_chunked(states.h, states.t_last, row_tau.to(dev))
+            z_u, z_v = z[su], z[sv]
+        return model.head_logit(z_u, z_v, pair, ids).to(torch.float64).cpu().numpy()
