@@ -552,7 +552,9 @@ FINDINGS = """## What the numbers say (run of 2026-11-21; single seed)
   and above on historical / inductive ones**, with a causal model of ~73 k parameters that serves every query
   from cached states. UCI test AP 97.16 / 83.70 / 78.86 (rnd / hist / ind) against DyG-Mamba's
   96.14 / 81.36 / 77.75; Wikipedia 98.90 / 88.67 / 88.58 against 99.08 / 82.35 / 87.06, without Wikipedia's
-  172-d edge features. The bundled `checkpoints/default` is the UCI row.
+  172-d edge features. The bundled `checkpoints/default` was this UCI row until 2026-11-24; it is now
+  retrained with the default command (historical negatives, step floor): test AP 96.54 / 94.85 / 92.76
+  (`docs/results/negatives-experiments.md`).
 - **MOOC: above TGN, 0.5 AP below DyG-Mamba** on random negatives (89.74 vs TGN 89.15, DyG-Mamba 90.25), above
   TGN on inductive negatives (79.70 vs 77.50), below it on historical ones (84.05 vs 87.06). MOOC pairs 7,047
   students with 97 course items, and most of its signal is *which item follows the student's last ones*: a

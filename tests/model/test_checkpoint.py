@@ -106,10 +106,11 @@ def test_new_checkpoints_keep_their_step_floor(ckpt):
 
 
 def test_a_checkpoint_saved_before_the_step_floor_loads_without_it():
-    """checkpoints/default has no delta_min in its config.json: it keeps the recurrence it
-    was trained with (no floor) under the same model version, rather than silently new
-    numbers under an old version (whose states may already be in a store)."""
-    bundled = REPO / "checkpoints" / "default"
+    """The bundled checkpoint until 2026-11-24 (kept in tests/fixtures) has no delta_min in
+    its config.json: it keeps the recurrence it was trained with (no floor) under the same
+    model version, rather than silently new numbers under an old version (whose states
+    may already be in a store)."""
+    bundled = REPO / "tests" / "fixtures" / "checkpoint-before-step-floor"
     doc = json.loads((bundled / "config.json").read_text())
     assert "delta_min" not in doc["model"]
     loaded = load_checkpoint(bundled)

@@ -52,7 +52,8 @@ def test_cpu_device_serves():
 
 @pytest.mark.gpu
 def test_cuda_matches_cpu():
-    """The bundled checkpoint (no step floor: torch's rank-major path on CUDA tensors)."""
+    """The bundled checkpoint on CUDA against the CPU (mamba-ssm's kernels where built, else
+    torch's rank-major path on CUDA tensors)."""
     cpu_blobs, cpu_logits = _ingest_and_score("cpu")
     gpu_blobs, gpu_logits = _ingest_and_score("cuda")
     codec = ModelRuntime(load_checkpoint(DEFAULT_CHECKPOINT)).codec

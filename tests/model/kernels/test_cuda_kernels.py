@@ -44,8 +44,9 @@ def ops() -> KernelOps:
 
 @pytest.fixture(scope="module")
 def floor_model() -> DygMambaLinkModel:
-    """The bundled checkpoint's weights with the step floor of new checkpoints (it was
-    saved before the field existed): the kernel path needs delta_min > 0."""
+    """The bundled checkpoint's weights with the step floor of new checkpoints (a no-op
+    since it was retrained with the floor; kept so that any bundled checkpoint runs the
+    kernel path, which needs delta_min > 0)."""
     ck = load_checkpoint(BUNDLED_CHECKPOINT)
     model = DygMambaLinkModel(ck.config.with_updates(delta_min=1e-4))
     model.load_state_dict(ck.model.state_dict())
