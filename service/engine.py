@@ -353,6 +353,9 @@ class Engine:
             for ev, seq in zip(new, result.seqs, strict=True)
             if seq is not None
         ]
+        for i, seq in result.other_seqs.items():  # partitioned log: the destination's copy
+            ev = new[i]
+            logged.append(LoggedEvent(seq, ev.src, ev.dst, ev.t, ev.features, ev.event_id or ""))
         maybe_crash(AFTER_LOG)
         # Duplicates an earlier attempt logged but could not apply: this request's to
         # apply too, or it could not say that its events are applied. (An id repeated

@@ -53,6 +53,30 @@ class RedisStoreConfig(StoreOptions):
         min_length=1,
         description="namespace of every key (several deployments per Redis)",
     )
+    partitions: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description=(
+            "log partitions P (fixed per deployment, recorded in the store's meta key): "
+            "None = 1 on one server and on a cluster (the single-slot layout); set it, e.g. "
+            "16, to spread the log, histories, dedupe ids and pending entries over a "
+            "cluster's masters (docs/STATE_STORE.md, 'Partitioned log')"
+        ),
+    )
+    doubt_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description=(
+            "partitioned log only: an event logged in one of its two partitions and not "
+            "the other for this long is decided by the re-drive (committed if both copies "
+            "exist, else fenced and aborted)"
+        ),
+    )
+
+    @property
+    def partition_count(self) -> int:
+        return self.partitions or 1
 
 
 StoreConfig = Annotated[MemoryStoreConfig | RedisStoreConfig, Field(discriminator="backend")]

@@ -17,6 +17,7 @@ from typing import Any
 from .base import StateStore
 from .config import MemoryStoreConfig, RedisStoreConfig, StoreConfig
 from .memory import InMemoryStore
+from .partitioned_store import PartitionedRedisStore
 from .redis_store import RedisStore
 
 
@@ -40,6 +41,8 @@ def store_config(url: str | None, **options: Any) -> StoreConfig:
 def open_store(config: StoreConfig) -> StateStore:
     if isinstance(config, MemoryStoreConfig):
         return InMemoryStore(config)
+    if config.partition_count > 1:
+        return PartitionedRedisStore(config)
     return RedisStore(config)
 
 
