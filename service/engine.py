@@ -364,12 +364,13 @@ class Engine:
         waiting, unconfirmed = self.pending_events(earlier) if earlier else ([], 0)
         if unconfirmed:
             self.needs_redrive = True  # a backlog: the background re-drive works it off
-        metrics.EVENTS_INGESTED.inc(len(logged))
+        n_logged = len(logged) - len(result.other_seqs)  # events, not copies
+        metrics.EVENTS_INGESTED.inc(n_logged)
         metrics.EVENTS_DUPLICATE.inc(len(result.duplicates))
         for _, reason in result.late:
             metrics.EVENTS_REJECTED.labels(reason=reason.split(":", 1)[0]).inc()
         summary = EventsResponse(
-            accepted=len(logged),
+            accepted=n_logged,
             duplicates=len(result.duplicates),
             rejected=[Rejected(index=i, reason=r) for i, r in result.late],
             applied=False,

@@ -4,7 +4,7 @@ Importable by name, so multiprocessing 'spawn' children (and ``python -m``) can 
 them: each writer logs a batch of events, then applies it (``apply_logged``), with
 ``maybe_crash("after_log")`` in between, as the service does.
 
-    python -m tests.support.store_workers --url URL --rows 0:200 --batch 50
+    python -m tests.support.store_workers --url URL --rows 0:200 --batch 50 [--partitions 16]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def log_then_apply(
         res = store.append_events(batch)
         maybe_crash("after_log")
         logged = logged_events(batch, res)
-        accepted += len(logged)
+        accepted += sum(s is not None for s in res.seqs)  # events, not partition copies
         duplicates += len(res.duplicates)
         rejected += len(res.late)
         stats.add(apply_logged(store, version, logged, advance))
@@ -81,11 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", required=True)
     ap.add_argument("--rows", default="0:100", help="start:stop rows of UCI")
     ap.add_argument("--batch", type=int, default=50)
+    ap.add_argument("--partitions", type=int, default=None, help="log partitions (P > 1)")
     args = ap.parse_args(argv)
     start, stop = (int(x) for x in args.rows.split(":"))
     events = uci_events(stop)[start:stop]
     batches = [events[i : i + args.batch] for i in range(0, len(events), args.batch)]
-    store = make_store(args.url)
+    store = make_store(args.url, partitions=args.partitions)
     out = log_then_apply(store, ModelAdvance(build_model()), batches, VERSION)
     print(out)
     return 0
