@@ -43,7 +43,13 @@ from model.numpy_scorer import NumpyScorer
 from model.protocol import ServedModel
 from model.rank_plan import RankPlan
 from model.streaming import score_nodes
-from state_store.applier import LoggedBatch, apply_logged, catch_up_start, redrive
+from state_store.applier import (
+    LoggedBatch,
+    apply_logged,
+    catch_up_start,
+    logged_events,
+    redrive,
+)
 from state_store.base import LoggedEvent, NewEvent, StateStore, StoreUnavailable
 from state_store.blob_header import read_watermark
 from state_store.faults import AFTER_LOG, maybe_crash
@@ -353,9 +359,8 @@ class Engine:
             for ev, seq in zip(new, result.seqs, strict=True)
             if seq is not None
         ]
-        for i, seq in result.other_seqs.items():  # partitioned log: the destination's copy
-            ev = new[i]
-            logged.append(LoggedEvent(seq, ev.src, ev.dst, ev.t, ev.features, ev.event_id or ""))
+        if result.other_seqs:  # partitioned log: each event's copy in the destination's too
+            logged = logged_events(new, result)
         maybe_crash(AFTER_LOG)
         # Duplicates an earlier attempt logged but could not apply: this request's to
         # apply too, or it could not say that its events are applied. (An id repeated

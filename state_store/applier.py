@@ -156,6 +156,8 @@ def just_logged(
                 per_node.setdefault(e.src, []).append(e)
             if e.dst != e.src and part[e.dst] == e.seq % P:
                 per_node.setdefault(e.dst, []).append(e)
+        for evs in per_node.values():  # a caller may list the copies in any order
+            evs.sort(key=lambda e: e.seq)
         return {
             n: JustLogged(previous_seq[n], evs) for n, evs in per_node.items() if n in previous_seq
         }
