@@ -28,6 +28,7 @@ node only from the copies in its own partition (``seq % P``).
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import os
 import time
@@ -83,8 +84,23 @@ class PartitionKeys:
     @classmethod
     def of(cls, prefix: str, tag: str) -> PartitionKeys:
         b = f"{prefix}:{{{tag}}}:"
-        names = ("c", "log", "log_first", "pending", "lt", "tmax", "eids", "doubt", "fence")
-        return cls(*(f"{b}{n}".encode() for n in names), f"{b}vmarks".encode(), f"{b}h:".encode())
+
+        def k(name: str) -> bytes:
+            return f"{b}{name}".encode()
+
+        return cls(
+            counter=k("c"),
+            log=k("log"),
+            log_first=k("log_first"),
+            pending=k("pending"),
+            lt=k("lt"),
+            tmax=k("tmax"),
+            eids=k("eids"),
+            doubt=k("doubt"),
+            fence=k("fence"),
+            vmarks=k("vmarks"),
+            history=k("h:"),
+        )
 
 
 @dataclass(frozen=True)
@@ -138,8 +154,6 @@ class PartitionedRedisStore(RedisStore):
                 "read_log_part": READ_LOG_PART_LUA,
             }
         )
-        import hashlib
-
         self._sha = {k: hashlib.sha1(v.encode()).hexdigest() for k, v in self._scripts.items()}
         self._layout_checked = False
 
