@@ -13,6 +13,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+# For a new cluster deployment: 3 to 8 masters each get an even share, and a batch of
+# 1,000 events still gives each partition's script dozens of entries.
+RECOMMENDED_CLUSTER_PARTITIONS = 16
+
+
 class StoreOptions(BaseModel):
     """Options every backend understands."""
 
@@ -59,9 +64,10 @@ class RedisStoreConfig(StoreOptions):
         le=1024,
         description=(
             "log partitions P (fixed per deployment, recorded in the store's meta key): "
-            "None = 1 on one server and on a cluster (the single-slot layout); set it, e.g. "
-            "16, to spread the log, histories, dedupe ids and pending entries over a "
-            "cluster's masters (docs/STATE_STORE.md, 'Partitioned log')"
+            "None = 1 (the single-slot layout, on one server and on a cluster); 16 is "
+            "the recommended value for a new cluster deployment, so that the log, "
+            "histories, dedupe ids and pending entries spread over its masters "
+            "(docs/STATE_STORE.md, 'Partitioned log')"
         ),
     )
     doubt_timeout_s: float = Field(
@@ -76,7 +82,8 @@ class RedisStoreConfig(StoreOptions):
 
     @property
     def partition_count(self) -> int:
+        """``partitions``, or 1 when unset, on a cluster too: a deployment that upgrades
+        keeps its single-slot store (a default of 16 would make every existing cluster
+        deployment refuse to start). New cluster deployments set
+        ``RECOMMENDED_CLUSTER_PARTITIONS`` (the compose file's cluster profile does)."""
         return self.partitions or 1
-
-
-StoreConfig = Annotated[MemoryStoreConfig | RedisStoreConfig, Field(discriminator="backend")]
