@@ -87,3 +87,6 @@ class RedisStoreConfig(StoreOptions):
         deployment refuse to start). New cluster deployments set
         ``RECOMMENDED_CLUSTER_PARTITIONS`` (the compose file's cluster profile does)."""
         return self.partitions or 1
+
+
+StoreConfig = Annotated[MemoryStoreConfig | RedisStoreConfig, Field(discriminator="backend")]
