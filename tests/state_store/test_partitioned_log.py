@@ -281,3 +281,86 @@ def test_crash_after_both_appends_then_redrive(
         assert again.events_applied == 0
     finally:
         store.close()
+
+
+# ---- a stalled writer, and two deciders at once ---------------------------------------------
+
+
+def _cross_event(store: Any, eid: str, t: float) -> tuple[NewEvent, int, int]:
+    """An event whose endpoints live in two partitions, and those partitions."""
+    for k in range(1000):
+        src, dst = f"s{k}", f"d{k}"
+        ps, pd = store.partition_of(src), store.partition_of(dst)
+        if ps != pd:
+            return NewEvent(src, dst, t, (), eid), ps, pd
+    raise AssertionError("no cross-partition pair found")
+
+
+def _append_copy(store: Any, ev: NewEvent, p: int, nonce: str) -> Any:
+    """One partition's append of one attempt, as a writer's pipeline sends it."""
+    parts = [(store.partition_of(ev.src), store.partition_of(ev.dst))]
+    keys, args = store._append_call(p, [0], [ev], [ev.event_id], [ev.t], parts, nonce)
+    return store._part_call([("append_part", keys, args)])[0]
+
+
+def test_a_writer_stalled_past_the_timeout_is_fenced_and_its_retry_logs_once(
+    cluster_url: str,
+) -> None:
+    store = make_store(cluster_url, partitions=P, doubt_timeout_s=0.05)
+    try:
+        ev, ps, pd = _cross_event(store, "stall-1", 10.0)
+        first = _append_copy(store, ev, ps, "attempt-1")  # its first copy lands, then it stalls
+        assert isinstance(first[0], int)
+        time.sleep(0.1)
+        assert store.resolve_doubts() == (0, 1)  # the other copy is absent: fenced, aborted
+        assert store.read_histories([ev.src, ev.dst]) == [[], []]
+        resumed = _append_copy(store, ev, pd, "attempt-1")  # the stalled writer goes on
+        assert list(resumed[0]) == [-5]  # fenced: that attempt can never commit
+        assert store.read_histories([ev.src, ev.dst]) == [[], []]
+        res = store.append_events([ev])  # the client's retry: a new attempt
+        assert res.seqs[0] is not None and 0 in res.other_seqs and not res.duplicates
+        assert store.append_events([ev]).duplicates == [0]
+        hist = histories_of(store, [ev.src, ev.dst])
+        assert assert_both_endpoints_or_neither(hist) == {"stall-1"}
+    finally:
+        store.close()
+
+
+def test_two_resolvers_at_once_reach_one_decision(cluster_url: str) -> None:
+    import threading
+
+    stores = [make_store(cluster_url, partitions=P, doubt_timeout_s=0.01) for _ in range(2)]
+    try:
+        events = []
+        for i in range(20):  # both copies of each land, nobody finishes them
+            ev = NewEvent(f"a{i}", f"b{i}", float(i), (), f"both-{i}")
+            ps, pd = stores[0].partition_of(ev.src), stores[0].partition_of(ev.dst)
+            if ps == pd:
+                continue
+            for p in (ps, pd):
+                assert isinstance(_append_copy(stores[0], ev, p, f"n{i}")[0], int)
+            events.append(ev)
+        lone, _, _ = _cross_event(stores[0], "one-only", 100.0)
+        _append_copy(stores[0], lone, stores[0].partition_of(lone.src), "n-one")
+        time.sleep(0.05)
+        results: list[tuple[int, int]] = []
+        threads = [
+            threading.Thread(target=lambda s=s: results.append(s.resolve_doubts())) for s in stores
+        ]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        assert len(results) == 2
+        assert len(events) >= 10
+        assert sum(r[1] for r in results) >= 1  # the lone copy was aborted (maybe by both)
+        nodes = [n for e in events + [lone] for n in (e.src, e.dst)]
+        hist = histories_of(stores[0], nodes)
+        assert assert_both_endpoints_or_neither(hist) == {e.event_id for e in events}
+        in_doubt = [
+            int(stores[0].client.execute_command("HLEN", k.doubt)) for k in stores[0]._parts
+        ]
+        assert sum(in_doubt) == 0
+    finally:
+        for s in stores:
+            s.close()
