@@ -287,6 +287,17 @@ def apply_nodes(
     return stats
 
 
+def _owners(store: StateStore, e: LoggedEvent) -> tuple[str, ...]:
+    """The endpoints this entry is to be applied to: both on one log; on a partitioned
+    log those in the entry's partition (the other endpoint has its own copy, applied
+    with it or by its partition's re-drive, and may be held by a copy in doubt there)."""
+    P = getattr(store, "partitions", 1)
+    if P == 1:
+        return (e.src, e.dst)
+    p = e.seq % P
+    return tuple(n for n in (e.src, e.dst) if store.partition_of(n) == p)
+
+
 def apply_logged(
     store: StateStore,
     version: str,
@@ -300,7 +311,7 @@ def apply_logged(
     ``previous_seq``: ``AppendResult.previous_seq`` of the append that logged exactly
     these events (enables the fast path of ``apply_nodes``); None for re-drives.
     """
-    nodes = _unique(n for e in events for n in (e.src, e.dst))
+    nodes = _unique(n for e in events for n in _owners(store, e))
     known = just_logged(events, previous_seq, store) if previous_seq else None
     stats = apply_nodes(
         store,
