@@ -13,6 +13,14 @@ flush, like a kill):
 * ``before_mark``: after every state write, before the events are marked applied:
   the states are current, the events still pending. The re-drive must find nothing
   left to apply for them (no event folded in twice) and only mark them.
+* ``at_reload``: after ``POST /v1/admin/reload`` has made the new version the store's
+  serving version, before the process that handled it switches or answers. Every
+  worker, the restarted one included, must then serve the new version.
+
+The partitioned log's two points (tested in tests/state_store/test_partitioned_log.py,
+on a real 3-master cluster; after_log, after_partial_write and before_mark are tested
+there too):
+
 * ``between_partition_appends`` (partitioned log): the copies of a batch's events
   are logged in the first partition only, the process exits before the other
   partitions' appends. Those copies are in doubt; the resolver (or a client retry)
@@ -21,9 +29,6 @@ flush, like a kill):
 * ``before_commit`` (partitioned log): both copies of every event are logged, in
   doubt, and the process exits before clearing the doubt. The resolver (or a retry)
   must commit them, and the re-drive apply each endpoint once.
-* ``at_reload``: after ``POST /v1/admin/reload`` has made the new version the store's
-  serving version, before the process that handled it switches or answers. Every
-  worker, the restarted one included, must then serve the new version.
 """
 
 from __future__ import annotations

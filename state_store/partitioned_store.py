@@ -281,6 +281,17 @@ class PartitionedRedisStore(RedisStore):
             self._settle(blocked)
             todo = retry
         else:
+            # Ids kept reappearing in doubt (concurrent retries of one batch): take back
+            # the copies this attempt logged, so they hold no node until the resolver.
+            aborts: dict[int, list[tuple[str, str]]] = {}
+            for p, got in answers.items():
+                for i, r in got.items():
+                    ps, pd = parts[i]
+                    if ps != pd and _outcome(r)[0] == "seq":
+                        node = events[i].src if p == ps else events[i].dst
+                        aborts.setdefault(p, []).append((eids[i], node))
+            if aborts:
+                self._finish({}, aborts, nonce)
             raise StoreUnavailable("event ids stay in doubt; retry", reason="conflict")
         return self._combine(events, eids, times, parts, nonce, answers, previous)
 
