@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loadtests.cluster_bench import extract_section as extract_cluster_section
+from loadtests.cluster_section import extract_section as extract_cluster_section
 from loadtests.gpu_bench import extract_section
 from model.events import NodeEvent, pad_events
 from model.node_state import NodeStates
@@ -264,7 +264,6 @@ def _start_service(
     log_dir: str,
     backend: str = "torch",
     workers: int = 1,
-    extra_env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen, str]:
     import os
     import socket
@@ -280,9 +279,8 @@ def _start_service(
         "DYGSERVE_HOST": "127.0.0.1",
         "DYGSERVE_BACKEND": backend,
         "DYGSERVE_WORKERS": str(workers),
-        **(extra_env or {}),
     }
-    log = open(Path(log_dir) / f"service-{port}.log", "wb")
+    log = open(Path(log_dir) / "service.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"],
         env=env,

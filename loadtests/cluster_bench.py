@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -26,8 +27,10 @@ from typing import Any
 
 import httpx
 
-SECTION_START = "<!-- cluster-bench:start -->"
-SECTION_END = "<!-- cluster-bench:end -->"
+from loadtests.cluster_section import SECTION_END, SECTION_START, extract_section
+from service.client import DygserveClient
+from service.settings import DEFAULT_CHECKPOINT
+
 BATCH = 1000
 # What limits the figures on the machine this was written for (2 shared cores).
 BOUNDS = """What bounds each figure: the 2 cores, not Redis. Each run is CPU-bound on the service
@@ -44,14 +47,6 @@ of one. On 3 masters the busiest master's share barely falls below one Redis's (
 per event is what bounds a real deployment's append rate); the gain is in keys and memory
 (none over half) and in what more masters give: about `42 / M` µs per event on the
 busiest of `M` masters against 18 µs on one (docs/STATE_STORE.md, "Estimating")."""
-
-
-def extract_section(text: str) -> str | None:
-    """The cluster section of a BENCHMARKS.md (markers included), or None."""
-    lo, hi = text.find(SECTION_START), text.find(SECTION_END)
-    if lo < 0 or hi < lo:
-        return None
-    return text[lo : hi + len(SECTION_END)]
 
 
 def _port() -> int:
@@ -100,6 +95,35 @@ def _cluster(workdir: str, masters: int = 3) -> tuple[list[subprocess.Popen], li
     return [proc for proc, _ in nodes], ports
 
 
+def _start_service(url: str, log_dir: str, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """One service replica (1 uvicorn worker) on ``url``, ready."""
+    port = _port()
+    full_env = {
+        **os.environ,
+        "DYGSERVE_REDIS_URL": url,
+        "DYGSERVE_CHECKPOINT": str(DEFAULT_CHECKPOINT),
+        "DYGSERVE_PORT": str(port),
+        "DYGSERVE_HOST": "127.0.0.1",
+        "DYGSERVE_WORKERS": "1",
+        **env,
+    }
+    log = open(Path(log_dir) / f"service-{port}.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--log-level", "warning"],
+        env=full_env,
+        stdout=log,
+        stderr=log,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with DygserveClient(base) as client:
+            client.wait_ready(timeout_s=60)
+    except TimeoutError as exc:
+        proc.kill()
+        raise RuntimeError("service did not become ready") from exc
+    return proc, base
+
+
 def _cpu_s(ports: list[int]) -> list[float]:
     import redis
 
@@ -120,11 +144,7 @@ def _flush(ports: list[int]) -> None:
 def _ingest(
     url: str, ports: list[int], replicas: int, env: dict[str, str], batches: list[Any], log_dir: str
 ) -> dict[str, Any]:
-    from loadtests.bench import DEFAULT_CHECKPOINT, _start_service
-
-    services = [
-        _start_service(url, DEFAULT_CHECKPOINT, log_dir, extra_env=env) for _ in range(replicas)
-    ]
+    services = [_start_service(url, log_dir, env) for _ in range(replicas)]
     try:
         answered = [0] * replicas
         accepted = [0] * replicas

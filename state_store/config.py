@@ -12,7 +12,6 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-
 # For a new cluster deployment: 3 to 8 masters each get an even share, and a batch of
 # 1,000 events still gives each partition's script dozens of entries.
 RECOMMENDED_CLUSTER_PARTITIONS = 16
