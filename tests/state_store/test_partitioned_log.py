@@ -60,12 +60,16 @@ def nodes_of(evs: list[NewEvent]) -> list[str]:
     return list(dict.fromkeys(n for e in evs for n in (e.src, e.dst)))
 
 
-def run_writer(url: str, rows: str, fault: str | None = None, batch: int = 200) -> Any:
+def run_writer(
+    url: str, rows: str, fault: str | None = None, batch: int = 200, retries: int = 0
+) -> Any:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     if fault:
         env[FAULT_ENV] = fault
     cmd = [sys.executable, "-m", "tests.support.store_workers", "--url", url, "--rows", rows]
     cmd += ["--batch", str(batch), "--partitions", str(P)]
+    if retries:  # as a client of the service: a 503 is retried (same ids) after a re-drive
+        cmd += ["--retries", str(retries), "--doubt-timeout", "0.2"]
     return subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -151,7 +155,8 @@ def test_concurrent_writers_with_one_sigkilled(
     cluster_url: str, advance: ModelAdvance, events: list[NewEvent]
 ) -> None:
     # rows interleave in time, so the writers share UCI's busy nodes all along
-    procs = [run_writer(cluster_url, r, batch=100) for r in ("0:600", "600:1200")]
+    # the survivors retry a batch that is refused while the victim's copies are in doubt
+    procs = [run_writer(cluster_url, r, batch=100, retries=50) for r in ("0:600", "600:1200")]
     victim = run_writer(cluster_url, "1200:1800", batch=100)
     store = make_store(cluster_url, partitions=P, doubt_timeout_s=0.05)
     try:
