@@ -405,6 +405,12 @@ class PartitionedRedisStore(RedisStore):
         self, p: int, ids: set[str] | None = None, older_than_ms: int | None = None
     ) -> list[InDoubt]:
         raw = self._r.execute_command("HGETALL", self._parts[p].doubt)
+        return self._parse_doubts(p, raw, ids, older_than_ms)
+
+    @staticmethod
+    def _parse_doubts(
+        p: int, raw: Any, ids: set[str] | None, older_than_ms: int | None
+    ) -> list[InDoubt]:
         if isinstance(raw, list):
             raw = dict(zip(raw[::2], raw[1::2], strict=True))
         now_ms = int(time.time() * 1000)
@@ -414,6 +420,8 @@ class PartitionedRedisStore(RedisStore):
             if ids is not None and eid not in ids:
                 continue
             nonce, _seq, ms, other, node = v.decode().split(" ", 4)
+            # the age is by this host's clock against the Redis server's: a resolver on a
+            # host whose clock runs ahead decides a little early, which the fence makes safe
             if older_than_ms is not None and now_ms - int(ms) < older_than_ms:
                 continue
             out.append(InDoubt(p, eid, nonce, node, int(other)))
@@ -456,9 +464,12 @@ class PartitionedRedisStore(RedisStore):
         """Decide every copy in doubt for longer than ``older_than_s`` (default: the
         configured ``doubt_timeout_s``): the re-drive's resolver. (committed, aborted)."""
         age = self.config.doubt_timeout_s if older_than_s is None else older_than_s
+        pipe = self._pipe()  # every partition's doubt set in one round trip per master
+        for k in self._parts:
+            pipe.execute_command("HGETALL", k.doubt)
         doubts = []
-        for p in range(self.partitions):
-            doubts += self._doubts_of(p, older_than_ms=int(age * 1000))
+        for p, raw in enumerate(pipe.execute()):
+            doubts += self._parse_doubts(p, raw, None, int(age * 1000))
         return self._settle(doubts)
 
     # ---- reading ---------------------------------------------------------------------
