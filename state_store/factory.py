@@ -16,6 +16,7 @@ from typing import Any
 
 from .base import StateStore
 from .config import MemoryStoreConfig, RedisStoreConfig, StoreConfig
+from .layout import recorded_partitions
 from .memory import InMemoryStore
 from .partitioned_store import PartitionedRedisStore
 from .redis_store import RedisStore
@@ -48,3 +49,17 @@ def open_store(config: StoreConfig) -> StateStore:
 
 def make_store(url: str | None, **options: Any) -> StateStore:
     return open_store(store_config(url, **options))
+
+
+def make_store_as_recorded(url: str | None, **options: Any) -> StateStore:
+    """For offline tools (``dygserve backfill``): the store of ``url`` opened with the
+    number of log partitions recorded in it (1 where none is), whatever the options say,
+    so that a tool never reads a partitioned store as an empty single-slot one."""
+    store = make_store(url, **{k: v for k, v in options.items() if k != "partitions"})
+    if not isinstance(store, RedisStore):
+        return store
+    recorded = recorded_partitions(store.client, store.config.key_prefix)
+    if recorded is None or recorded == store.partitions:
+        return store
+    store.close()
+    return make_store(url, **{**options, "partitions": recorded})

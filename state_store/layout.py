@@ -50,3 +50,9 @@ def claim_partitions(client: Any, prefix: str, partitions: int, legacy_counter: 
             f"per deployment: set DYGSERVE_STORE__PARTITIONS={recorded}."
         )
     return recorded
+
+
+def recorded_partitions(client: Any, prefix: str) -> int | None:
+    """The partition count a store records, or None (a new or single-slot store)."""
+    stored = client.execute_command("HGET", meta_key(prefix), b"partitions")
+    return None if stored is None else int(stored)

@@ -19,7 +19,7 @@ import redis
 
 from state_store.applier import apply_logged, logged_events, redrive
 from state_store.base import NewEvent
-from state_store.factory import make_store
+from state_store.factory import make_store, make_store_as_recorded
 from state_store.faults import CRASH_EXIT_CODE, FAULT_ENV
 from state_store.layout import LayoutMismatch
 from tests.support.partition_checks import (
@@ -103,6 +103,12 @@ def test_partition_count_is_recorded_and_another_is_refused(redis_single: Any) -
         make_store(url, partitions=4).append_events([NewEvent("a", "b", 2.0)])
     legacy.claim_layout()  # and P = 1 adopts it as it is
     assert redis_single.client().hget("dygserve:meta", "partitions") == b"1"
+    # offline tools open a store with the count it records, whatever they are given
+    assert make_store_as_recorded(url).partitions == 1
+    redis_single.flush()
+    make_store(url, partitions=4).claim_layout()
+    assert make_store_as_recorded(url).partitions == 4
+    assert make_store_as_recorded(url, partitions=2).partitions == 4
 
 
 # ---- one writer: the same answers and states as one Redis --------------------------------
