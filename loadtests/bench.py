@@ -259,11 +259,7 @@ def bench_pipeline(
 
 
 def _start_service(
-    redis_url: str,
-    checkpoint: Path,
-    log_dir: str,
-    backend: str = "torch",
-    workers: int = 1,
+    redis_url: str, checkpoint: Path, log_dir: str, backend: str = "torch", workers: int = 1
 ) -> tuple[subprocess.Popen, str]:
     import os
     import socket
