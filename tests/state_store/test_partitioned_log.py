@@ -375,3 +375,51 @@ def test_two_resolvers_at_once_reach_one_decision(cluster_url: str) -> None:
     finally:
         for s in stores:
             s.close()
+
+
+# ---- a master restarted ----------------------------------------------------------------------
+
+
+def test_a_master_killed_and_restarted_mid_ingest_loses_and_doubles_nothing(
+    tmp_path: Path, advance: ModelAdvance, events: list[NewEvent]
+) -> None:
+    import signal as sig
+    import threading
+
+    from tests.support.redis_server import cluster_node_args, start_cluster, start_redis
+
+    cluster = start_cluster(tmp_path / "aof-cluster", appendfsync="always")
+    try:
+        store = make_store(cluster.url, partitions=P, doubt_timeout_s=0.2)
+        out: dict[str, Any] = {}
+
+        def writer() -> None:  # a client of the service: 503s are retried, same ids
+            out.update(log_then_apply(store, advance, batches_of(events[:1200], 100), VERSION, 200))
+
+        th = threading.Thread(target=writer)
+        th.start()
+        deadline = time.monotonic() + 120
+        while not store.pending(1) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        victim = cluster.servers[1]
+        victim.proc.send_signal(sig.SIGKILL)  # a master dies mid-ingest (AOF fsync always)
+        victim.proc.wait(10)
+        time.sleep(1.0)
+        d = victim.workdir.parent
+        cluster.servers[1] = start_redis(
+            d, port=victim.port, extra_args=cluster_node_args(d), appendfsync="always"
+        )
+        th.join(300)
+        assert not th.is_alive() and out, "the writer did not finish"
+        assert out["retried"] >= 1  # it did meet the dead master
+        time.sleep(0.3)
+        redrive(store, VERSION, advance)
+        assert_settled(store)
+        nodes = nodes_of(events[:1200])
+        hist = histories_of(store, nodes)
+        logged = assert_both_endpoints_or_neither(hist)
+        assert len(logged) == out["accepted"]  # every acknowledged event, once
+        assert_states_equal_replay(store, advance, [n for n in nodes if hist[n]])
+        store.close()
+    finally:
+        cluster.stop()

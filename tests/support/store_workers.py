@@ -31,7 +31,7 @@ def log_then_apply(
     """Log each batch, then apply it. With ``retries``, a batch that meets a
     ``StoreUnavailable`` (e.g. nodes held by a copy in doubt that a killed writer left)
     is retried with the same ids after a re-drive, as a client and the service would."""
-    accepted = duplicates = rejected = 0
+    accepted = duplicates = rejected = retried = 0
     stats = ApplyStats()
     for batch in batches:
         for attempt in range(retries + 1):
@@ -44,6 +44,7 @@ def log_then_apply(
             except StoreUnavailable:
                 if attempt == retries:
                     raise
+                retried += 1
                 time.sleep(0.05 * (attempt + 1))
                 try:  # applies what the failed attempt logged; decides old copies in doubt
                     stats.add(redrive(store, version, advance))
@@ -59,6 +60,7 @@ def log_then_apply(
         "accepted": accepted,
         "duplicates": duplicates,
         "rejected": rejected,
+        "retried": retried,
         "stats": stats.__dict__,
     }
 
