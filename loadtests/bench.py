@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from loadtests.cluster_section import extract_section as extract_cluster_section
 from loadtests.gpu_bench import extract_section
 from model.events import NodeEvent, pad_events
 from model.node_state import NodeStates
@@ -632,6 +633,7 @@ def bench_all(
 
     out.mkdir(parents=True, exist_ok=True)
     gpu_section = extract_section(doc.read_text()) if doc.exists() else None
+    cluster_section = extract_cluster_section(doc.read_text()) if doc.exists() else None
     load_before = os.getloadavg()
     proc, redis_url, workdir = _start_redis()
     sections: list[str] = []
@@ -703,6 +705,8 @@ def bench_all(
             "",
             # The GPU section comes from `dygserve bench gpu` on a GPU machine: kept as is.
             *([gpu_section, ""] if gpu_section else []),
+            # So does the cluster section (`dygserve bench cluster`: it starts its own).
+            *([cluster_section, ""] if cluster_section else []),
             GOALS,
         ]
     )
@@ -723,12 +727,18 @@ def main(argv: list[str] | None = None) -> int:
         from loadtests.gpu_bench import main as gpu_main
 
         return int(gpu_main(argv[1:]) or 0)
+    if argv and argv[0] == "cluster":
+        from loadtests.cluster_bench import main as cluster_main
+
+        return int(cluster_main(argv[1:]) or 0)
     p = argparse.ArgumentParser(prog="dygserve bench")
     sub = p.add_subparsers(dest="what", required=True)
     store = sub.add_parser("store", add_help=False)
     store.add_argument("rest", nargs=argparse.REMAINDER)
     gpu = sub.add_parser("gpu", add_help=False)
     gpu.add_argument("rest", nargs=argparse.REMAINDER)
+    cluster = sub.add_parser("cluster", add_help=False)
+    cluster.add_argument("rest", nargs=argparse.REMAINDER)
     pipe = sub.add_parser("pipeline")
     pipe.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     pipe.add_argument("--data", type=Path, default=Path("../shared/data/uci/edges.csv.gz"))

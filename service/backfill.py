@@ -23,7 +23,7 @@ from tqdm import tqdm
 from model.kernels.batching import length_batches
 from state_store.applier import ApplyStats, JustLogged, apply_nodes
 from state_store.base import LoggedEvent, StateStore
-from state_store.factory import make_store
+from state_store.factory import make_store_as_recorded
 
 from .engine import ModelRuntime
 from .settings import DEFAULT_CHECKPOINT
@@ -119,7 +119,7 @@ def backfill(
     runtime = ModelRuntime.load(
         Path(checkpoint) if checkpoint else DEFAULT_CHECKPOINT, device=device
     )
-    store = make_store(redis_url)
+    store = make_store_as_recorded(redis_url)  # a partitioned store as it is recorded
     try:
         return backfill_store(runtime, store, window=batch, progress=progress)
     finally:

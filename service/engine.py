@@ -43,7 +43,14 @@ from model.numpy_scorer import NumpyScorer
 from model.protocol import ServedModel
 from model.rank_plan import RankPlan
 from model.streaming import score_nodes
-from state_store.applier import Advance, LoggedBatch, apply_logged, catch_up_start, redrive
+from state_store.applier import (
+    Advance,
+    LoggedBatch,
+    apply_logged,
+    catch_up_start,
+    logged_events,
+    redrive,
+)
 from state_store.base import LoggedEvent, NewEvent, StateStore, StoreUnavailable
 from state_store.blob_header import read_watermark
 from state_store.faults import AFTER_LOG, maybe_crash
@@ -359,6 +366,8 @@ class Engine:
             for ev, seq in zip(new, result.seqs, strict=True)
             if seq is not None
         ]
+        if result.other_seqs:  # partitioned log: each event's copy in the destination's too
+            logged = logged_events(new, result)
         maybe_crash(AFTER_LOG)
         # Duplicates an earlier attempt logged but could not apply: this request's to
         # apply too, or it could not say that its events are applied. (An id repeated
@@ -367,12 +376,13 @@ class Engine:
         waiting, unconfirmed = self.pending_events(earlier) if earlier else ([], 0)
         if unconfirmed:
             self.needs_redrive = True  # a backlog: the background re-drive works it off
-        metrics.EVENTS_INGESTED.inc(len(logged))
+        n_logged = len(logged) - len(result.other_seqs)  # events, not copies
+        metrics.EVENTS_INGESTED.inc(n_logged)
         metrics.EVENTS_DUPLICATE.inc(len(result.duplicates))
         for _, reason in result.late:
             metrics.EVENTS_REJECTED.labels(reason=reason.split(":", 1)[0]).inc()
         summary = EventsResponse(
-            accepted=len(logged),
+            accepted=n_logged,
             duplicates=len(result.duplicates),
             rejected=[Rejected(index=i, reason=r) for i, r in result.late],
             applied=False,

@@ -56,6 +56,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.checkpoint_verify_key(),
     )
     store = open_store(settings.store)
+    try:
+        # A replica with another number of log partitions than the store's refuses to
+        # start (state_store.layout.LayoutMismatch); a store that cannot be reached now
+        # is checked on first use instead (partitioned log) or at the next start.
+        store.claim_layout()
+    except StoreUnavailable:
+        log.warning("store unavailable at start; its layout is checked later")
     engine = Engine(runtime, store, numpy_max_pairs=settings.numpy_score_max_pairs)
     live_eval = LiveEvaluator.from_settings(settings)  # None when the rate is 0
     if live_eval is not None:

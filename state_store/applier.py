@@ -78,6 +78,9 @@ class ApplyStats:
     # first events are the ones being applied is new, not rebuilt)
     cold_rebuilds: int = 0
     conflicts: int = 0  # lost compare-and-sets (each re-read and re-applied)
+    # partitioned log: nodes held back a round because a copy after their watermark
+    # was in doubt (re-read after a pause, as conflicts are)
+    in_doubt_waits: int = 0
     round_trips: int = 0  # store calls made (each one round trip, one per slot group on a cluster)
     rounds: int = 0  # read-advance-write rounds
     marked: int = 0  # events marked applied
@@ -95,11 +98,11 @@ def logged_events(events: list[NewEvent], result: AppendResult) -> list[LoggedEv
     for i, (ev, seq) in enumerate(zip(events, result.seqs, strict=True)):
         if seq is not None:
             eid = result.event_ids[i] if result.event_ids else (ev.event_id or "")
-            out.append(
-                LoggedEvent(
-                    seq, ev.src, ev.dst, float(ev.t), tuple(float(x) for x in ev.features), eid
-                )
-            )
+            feats = tuple(float(x) for x in ev.features)
+            out.append(LoggedEvent(seq, ev.src, ev.dst, float(ev.t), feats, eid))
+            other = result.other_seqs.get(i)
+            if other is not None:  # its copy in the destination's partition
+                out.append(LoggedEvent(other, ev.src, ev.dst, float(ev.t), feats, eid))
     return out
 
 
@@ -135,8 +138,29 @@ class JustLogged:
     events: list[LoggedEvent]
 
 
-def just_logged(events: list[LoggedEvent], previous_seq: dict[str, int]) -> dict[str, JustLogged]:
+def just_logged(
+    events: list[LoggedEvent], previous_seq: dict[str, int], store: StateStore | None = None
+) -> dict[str, JustLogged]:
+    """Per node, the batch's events of it; on a partitioned log (``store`` given, P > 1)
+    only its own copies (those in its partition), never the other endpoint's copy."""
     per_node: dict[str, list[LoggedEvent]] = {}
+    P = getattr(store, "partitions", 1)
+    if P > 1:
+        assert store is not None
+        part = {}
+        for e in events:
+            for n in (e.src, e.dst):
+                if n not in part:
+                    part[n] = store.partition_of(n)
+            if part[e.src] == e.seq % P:
+                per_node.setdefault(e.src, []).append(e)
+            if e.dst != e.src and part[e.dst] == e.seq % P:
+                per_node.setdefault(e.dst, []).append(e)
+        for evs in per_node.values():  # a caller may list the copies in any order
+            evs.sort(key=lambda e: e.seq)
+        return {
+            n: JustLogged(previous_seq[n], evs) for n, evs in per_node.items() if n in previous_seq
+        }
     for e in events:
         per_node.setdefault(e.src, []).append(e)
         if e.dst != e.src:
@@ -152,7 +176,11 @@ def catch_up_start(blob: bytes | None, events_after: list[LoggedEvent], cap: int
 
 
 def _new_events(
-    store: StateStore, todo: list[str], after: list[int], known: dict[str, JustLogged] | None
+    store: StateStore,
+    todo: list[str],
+    after: list[int],
+    known: dict[str, JustLogged] | None,
+    held: set[str],
 ) -> tuple[list[list[LoggedEvent]], list[int], int]:
     """Each node's events after its watermark seq, which of them were read from the
     stored history (the others came whole from the batch), and the round trips spent.
@@ -173,7 +201,13 @@ def _new_events(
         else:
             slow.append(i)
     if slow:
-        read = store.read_histories([todo[i] for i in slow], after_seq=[after[i] for i in slow])
+        nodes, after_slow = [todo[i] for i in slow], [after[i] for i in slow]
+        read_committed = getattr(store, "read_committed", None)
+        if read_committed is not None:  # partitioned log: copies in doubt hold their node
+            read, in_doubt = read_committed(nodes, after_slow)
+            held.update(in_doubt)
+        else:
+            read = store.read_histories(nodes, after_seq=after_slow)
         for i, h in zip(slow, read, strict=True):
             out[i] = h
     return [h or [] for h in out], slow, int(bool(slow))
@@ -205,12 +239,18 @@ def apply_nodes(
         blobs = store.read_states(version, todo)
         marks = [None if b is None else read_watermark(b) for b in blobs]
         after = [-1 if m is None else int(m[1]) for m in marks]
-        histories, read, trips = _new_events(store, todo, after, known)
+        held: set[str] = set()
+        histories, read, trips = _new_events(store, todo, after, known, held)
         known = None  # later rounds (conflicts) re-read everything
         stats.round_trips += 1 + trips
         sel = [i for i, h in enumerate(histories) if h]
-        if not sel:
+        if not sel and not held:
             return stats
+        if not sel:  # only nodes held by a copy in doubt: wait as for a conflict
+            stats.in_doubt_waits += len(held)
+            todo = [n for n in todo if n in held]
+            time.sleep(random.uniform(0, CONFLICT_BACKOFF_S * stats.rounds))
+            continue
         sel_nodes = [todo[i] for i in sel]
         # only a read of the stored history can have lost events to the cap
         starts = list(blobs)
@@ -236,14 +276,26 @@ def apply_nodes(
                     bringing is None or histories[i][0].seq not in bringing
                 )
         stats.conflicts += len(outcome.conflicts)
-        todo = list(outcome.conflicts)
+        stats.in_doubt_waits += len(held)
+        todo = list(outcome.conflicts) + [n for n in todo if n in held]
         if todo:  # another writer won these nodes: let it finish before re-reading
             time.sleep(random.uniform(0, CONFLICT_BACKOFF_S * stats.rounds))
     if todo:
         raise ApplyConflictError(
-            f"{len(todo)} node(s) still conflicting after {max_rounds} rounds, e.g. {todo[:5]}"
+            f"{len(todo)} node(s) still conflicting (or held by a copy in doubt) after {max_rounds} rounds, e.g. {todo[:5]}"
         )
     return stats
+
+
+def _owners(store: StateStore, e: LoggedEvent) -> tuple[str, ...]:
+    """The endpoints this entry is to be applied to: both on one log; on a partitioned
+    log those in the entry's partition (the other endpoint has its own copy, applied
+    with it or by its partition's re-drive, and may be held by a copy in doubt there)."""
+    P = getattr(store, "partitions", 1)
+    if P == 1:
+        return (e.src, e.dst)
+    p = e.seq % P
+    return tuple(n for n in (e.src, e.dst) if store.partition_of(n) == p)
 
 
 def apply_logged(
@@ -259,8 +311,8 @@ def apply_logged(
     ``previous_seq``: ``AppendResult.previous_seq`` of the append that logged exactly
     these events (enables the fast path of ``apply_nodes``); None for re-drives.
     """
-    nodes = _unique(n for e in events for n in (e.src, e.dst))
-    known = just_logged(events, previous_seq) if previous_seq else None
+    nodes = _unique(n for e in events for n in _owners(store, e))
+    known = just_logged(events, previous_seq, store) if previous_seq else None
     stats = apply_nodes(
         store,
         version,
@@ -284,6 +336,10 @@ def redrive(
     """Apply every pending (logged, not yet marked applied) event, oldest first, then
     mark it applied. Safe to run at any time and concurrently with other writers."""
     stats = ApplyStats()
+    resolve_doubts = getattr(store, "resolve_doubts", None)
+    if resolve_doubts is not None:  # partitioned log: decide copies left in doubt
+        resolve_doubts()
+        stats.round_trips += 1
     last_first: int | None = None
     while True:
         pend = store.pending(batch)

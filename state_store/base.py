@@ -149,6 +149,10 @@ class AppendResult:
     # this batch (-1: none). The applier's fast path: a node whose stored watermark is
     # at least this needs exactly this batch's events, so its history is not re-read.
     previous_seq: dict[str, int] = field(default_factory=dict)
+    # Partitioned log only (P > 1): per input index of an event whose endpoints are in
+    # two partitions, the seq of its copy in the destination's partition (``seqs[i]``
+    # is the copy in the source's). The applier applies each node from its own copy.
+    other_seqs: dict[int, int] = field(default_factory=dict)
 
     @property
     def rejected(self) -> list[tuple[int, str]]:
@@ -245,6 +249,16 @@ class StateStore(StateTable, EventLog, ServingRegistry, Protocol):
     the batch size."""
 
     backend: str  # "memory", "redis" or "redis-cluster", for logs and metrics
+    # Log partitions P (1: one log); a seq belongs to partition ``seq % P``, and a node
+    # to ``partition_of(node)``: an applier applies a node only from its own copies.
+    partitions: int
+
+    def partition_of(self, node: str) -> int: ...
+
+    def claim_layout(self) -> None:
+        """Record the store's number of partitions, or check it against the recorded
+        one: raises ``state_store.layout.LayoutMismatch`` for another (at start-up)."""
+        ...
 
     @property
     def history_cap(self) -> int:

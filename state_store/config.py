@@ -12,6 +12,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# For a new cluster deployment: 3 to 8 masters each get an even share, and a batch of
+# 1,000 events still gives each partition's script dozens of entries.
+RECOMMENDED_CLUSTER_PARTITIONS = 16
+
 
 class StoreOptions(BaseModel):
     """Options every backend understands."""
@@ -53,6 +57,35 @@ class RedisStoreConfig(StoreOptions):
         min_length=1,
         description="namespace of every key (several deployments per Redis)",
     )
+    partitions: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description=(
+            "log partitions P (fixed per deployment, recorded in the store's meta key): "
+            "None = 1 (the single-slot layout, on one server and on a cluster); 16 is "
+            "the recommended value for a new cluster deployment, so that the log, "
+            "histories, dedupe ids and pending entries spread over its masters "
+            "(docs/STATE_STORE.md, 'Partitioned log')"
+        ),
+    )
+    doubt_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description=(
+            "partitioned log only: an event logged in one of its two partitions and not "
+            "the other for this long is decided by the re-drive (committed if both copies "
+            "exist, else fenced and aborted)"
+        ),
+    )
+
+    @property
+    def partition_count(self) -> int:
+        """``partitions``, or 1 when unset, on a cluster too: a deployment that upgrades
+        keeps its single-slot store (a default of 16 would make every existing cluster
+        deployment refuse to start). New cluster deployments set
+        ``RECOMMENDED_CLUSTER_PARTITIONS`` (the compose file's cluster profile does)."""
+        return self.partitions or 1
 
 
 StoreConfig = Annotated[MemoryStoreConfig | RedisStoreConfig, Field(discriminator="backend")]

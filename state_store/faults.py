@@ -16,6 +16,19 @@ flush, like a kill):
 * ``at_reload``: after ``POST /v1/admin/reload`` has made the new version the store's
   serving version, before the process that handled it switches or answers. Every
   worker, the restarted one included, must then serve the new version.
+
+The partitioned log's two points (tested in tests/state_store/test_partitioned_log.py,
+on a real 3-master cluster; after_log, after_partial_write and before_mark are tested
+there too):
+
+* ``between_partition_appends`` (partitioned log): the copies of a batch's events
+  are logged in the first partition only, the process exits before the other
+  partitions' appends. Those copies are in doubt; the resolver (or a client retry)
+  must abort them (fenced: the missing copy can never appear), so that no endpoint
+  ever applies them.
+* ``before_commit`` (partitioned log): both copies of every event are logged, in
+  doubt, and the process exits before clearing the doubt. The resolver (or a retry)
+  must commit them, and the re-drive apply each endpoint once.
 """
 
 from __future__ import annotations
@@ -28,6 +41,8 @@ AFTER_LOG = "after_log"
 AFTER_PARTIAL_WRITE = "after_partial_write"
 BEFORE_MARK = "before_mark"
 AT_RELOAD = "at_reload"
+BETWEEN_PARTITION_APPENDS = "between_partition_appends"
+BEFORE_COMMIT = "before_commit"
 
 
 def fault_active(point: str) -> bool:

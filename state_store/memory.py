@@ -24,6 +24,13 @@ from .versions import ServingModel, ServingState, VersionMarks
 
 class InMemoryStore(StateStore):
     backend = "memory"
+    partitions = 1  # one process, one log: nothing to spread
+
+    def partition_of(self, node: str) -> int:
+        return 0
+
+    def claim_layout(self) -> None:
+        """Nothing to record: the embedded store lives and dies with its process."""
 
     def __init__(self, config: MemoryStoreConfig | None = None, **options: object) -> None:
         if config is None:

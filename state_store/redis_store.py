@@ -69,6 +69,7 @@ from .common import (
     late_reason,
 )
 from .config import RedisStoreConfig
+from .layout import claim_partitions
 from .versions import ServingModel, ServingState, VersionMarks
 
 # --------------------------------------------------------------------------------------
@@ -443,6 +444,15 @@ class RedisStore(StateStore):
         # and stays blocking-only); its asyncio client is bound to the loop that made it.
         self.async_reads = not self.cluster
         self._async: tuple[asyncio.AbstractEventLoop, Any] | None = None
+
+    partitions = 1  # the single-slot log; state_store.partitioned_store for P > 1
+
+    def partition_of(self, node: str) -> int:
+        return 0
+
+    @_guard
+    def claim_layout(self) -> None:
+        claim_partitions(self._r, self.config.key_prefix, 1, self._k_seq)
 
     @property
     def history_cap(self) -> int:

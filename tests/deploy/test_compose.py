@@ -288,3 +288,23 @@ def test_docker_compose_config_validates():
         env=env,
     )
     assert r.returncode == 0, r.stderr + r.stdout
+
+
+# --------------------------------------------------------------------------- cluster profile
+
+
+def test_cluster_profile_runs_two_replicas_on_a_partitioned_three_master_cluster(services):
+    cluster = {n: s for n, s in services.items() if "cluster" in (s.get("profiles") or [])}
+    nodes = [n for n, s in cluster.items() if "--cluster-enabled" in _as_list(s.get("command", []))]
+    assert len(nodes) == 3
+    app = cluster["dygserve-cluster"]
+    env = _env(app)
+    assert env["DYGSERVE_REDIS_URL"].startswith("redis+cluster://")
+    assert {h.split(":")[0] for h in env["DYGSERVE_REDIS_URL"][16:].split(",")} == set(nodes)
+    assert int(env["DYGSERVE_STORE__PARTITIONS"]) > 1
+    assert int(app["deploy"]["replicas"]) >= 2
+    assert app["depends_on"]["redis-cluster-init"]["condition"] == "service_healthy"
+    init = " ".join(_as_list(cluster["redis-cluster-init"]["command"]))
+    assert "--cluster create" in init and all(n in init for n in nodes)
+    # the default stack stays as it was: nothing of the profile starts without it
+    assert not (services[SERVICE].get("profiles") or services["redis"].get("profiles"))

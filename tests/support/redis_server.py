@@ -167,26 +167,31 @@ class RedisClusterServers:
             s.stop()
 
 
-def start_cluster(workdir: Path, masters: int = 3, timeout: float = 30.0) -> RedisClusterServers:
-    """Start ``masters`` cluster-enabled servers and join them (no replicas)."""
+def cluster_node_args(d: Path) -> list[str]:
+    """The extra arguments of a cluster node whose files live in ``d`` (also what a
+    restart of that node passes again)."""
+    return [
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        str(d / "nodes.conf"),
+        "--cluster-node-timeout",
+        "2000",
+    ]
+
+
+def start_cluster(
+    workdir: Path, masters: int = 3, timeout: float = 30.0, appendfsync: str | None = None
+) -> RedisClusterServers:
+    """Start ``masters`` cluster-enabled servers and join them (no replicas);
+    ``appendfsync`` as for ``start_redis``."""
     cluster = RedisClusterServers()
     try:
         for _ in range(masters):
             port = free_port()
             d = Path(workdir) / f"cluster-{port}"
             cluster.servers.append(
-                start_redis(
-                    d,
-                    port=port,
-                    extra_args=[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        str(d / "nodes.conf"),
-                        "--cluster-node-timeout",
-                        "2000",
-                    ],
-                )
+                start_redis(d, port=port, extra_args=cluster_node_args(d), appendfsync=appendfsync)
             )
         addrs = [f"127.0.0.1:{s.port}" for s in cluster.servers]
         subprocess.run(

@@ -1,0 +1,137 @@
+"""Two service replicas on a real local 3-master Redis Cluster with the partitioned log
+(P = 16): issue 19's "done when" (a real stream through 2 replicas: no master holds
+more than half of the keys or of the memory, and the scores equal a single-Redis run),
+and concurrent writers with one replica SIGKILLed mid-ingest (nothing lost or doubled,
+states equal a single-process replay of each node's history)."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import torch
+
+from state_store.factory import make_store
+from tests.support.partition_checks import assert_both_endpoints_or_neither, assert_settled
+from tests.support.redis_server import redis_available, start_cluster, start_redis
+
+from .helpers import STATE_TOL, Driver, batches_of, serve, uci_events, wait_until
+
+P = "16"
+N_EVENTS = 4000
+BATCH = 200
+
+
+@pytest.fixture()
+def cluster(tmp_path: Any) -> Any:
+    if not redis_available():
+        pytest.skip("redis-server is not installed (CI installs it)")
+    c = start_cluster(tmp_path / "cluster", masters=3)
+    yield c
+    c.stop()
+
+
+def masters(cluster: Any) -> list[redis.Redis]:
+    out = [redis.Redis(port=p) for p in cluster.ports]
+    return [c for c in out if c.info("replication")["role"] == "master"]
+
+
+def post_all(url: str, batches: list[list[dict[str, Any]]]) -> None:
+    with httpx.Client(base_url=url, timeout=120.0) as c:
+        for b in batches:
+            r = c.post("/v1/events", json={"events": b})
+            assert r.status_code == 200, r.text
+
+
+def scores(url: str, pairs: list[dict[str, Any]]) -> list[float]:
+    with httpx.Client(base_url=url, timeout=120.0) as c:
+        r = c.post("/v1/score", json={"pairs": pairs})
+        assert r.status_code == 200, r.text
+        return [s["logit"] for s in r.json()["scores"]]
+
+
+def test_two_replicas_spread_the_log_and_score_as_one_redis(data_dir, cluster, tmp_path, figures):
+    events = uci_events(data_dir, N_EVENTS)
+    batches = batches_of(events, BATCH)
+    env = {"DYGSERVE_REDIS_URL": cluster.url, "DYGSERVE_STORE__PARTITIONS": P}
+    a, b = serve(tmp_path / "a", env), serve(tmp_path / "b", env)
+    single = start_redis(tmp_path / "single")
+    one = serve(tmp_path / "one", {"DYGSERVE_REDIS_URL": single.url})
+    try:
+        # alternating replicas, in stream order (so the same events are accepted as on
+        # one Redis); then the same stream through one replica on one Redis
+        for i, batch in enumerate(batches):
+            post_all((a if i % 2 == 0 else b).url, [batch])
+        post_all(one.url, batches)
+        keys = [int(m.dbsize()) for m in masters(cluster)]
+        memory = [int(m.info("memory")["used_memory"]) for m in masters(cluster)]
+        assert len(keys) == 3
+        assert max(keys) <= sum(keys) / 2, keys
+        assert max(memory) <= sum(memory) / 2, memory
+        pairs = [{"src": e["src"], "dst": e["dst"], "t": e["t"] + 1.0} for e in events[-300:]]
+        got, want = scores(a.url, pairs), scores(one.url, pairs)
+        assert scores(b.url, pairs) == got  # both replicas read the same states
+        diff = max(abs(x - y) for x, y in zip(got, want, strict=True))
+        assert diff <= 1e-4, diff
+        figures.update(keys_per_master=keys, used_memory_per_master=memory, max_logit_diff=diff)
+    finally:
+        for s in (a, b, one):
+            s.stop()
+        single.stop()
+
+
+def test_concurrent_replicas_one_sigkilled_lose_and_double_nothing(
+    data_dir, cluster, runtime, tmp_path, figures
+):
+    events = uci_events(data_dir, 3000)
+    batches = batches_of(events, 60)
+    env = {"DYGSERVE_REDIS_URL": cluster.url, "DYGSERVE_STORE__PARTITIONS": P}
+    a, b = serve(tmp_path / "a", env), serve(tmp_path / "b", env)
+    try:
+        # batch k to replica k % 2, 3 clients each: both write UCI's hubs all along
+        da = Driver(batches[0::2], a.url, n_clients=3).start()
+        db = Driver(batches[1::2], b.url, n_clients=3).start()
+        wait_until(lambda: db.acked >= 5, 120, 0.05, "replica b to take some batches")
+        db.up.clear()  # its clients retry the same batches (same ids) on replica a
+        b.stop(signal.SIGKILL)
+        db.url = a.url
+        db.up.set()
+        da.join(300)
+        db.join(300)
+        assert not da.errors and not db.errors, (da.errors, db.errors)
+        store = make_store(cluster.url, partitions=int(P))
+        try:
+            wait_until(lambda: store.pending(1) == [], 60, 0.2, "the pending set to drain")
+            assert_settled(store)
+            nodes = list(dict.fromkeys(n for e in events for n in (e["src"], e["dst"])))
+            hist = dict(zip(nodes, store.read_histories(nodes), strict=True))
+            logged = assert_both_endpoints_or_neither(hist)
+            told = set()
+            for batch in da.batches + db.batches:
+                assert batch.response is not None
+                rejected = batch.rejected
+                told |= {e["event_id"] for i, e in enumerate(batch.events) if i not in rejected}
+            assert logged == told  # acknowledged events all there, refused ones not
+            kept = [n for n in nodes if hist[n]]
+            with torch.no_grad():
+                want = runtime.advance_blobs(kept, [None] * len(kept), [hist[n] for n in kept])
+            got = store.read_states(runtime.version, kept)
+            assert all(g is not None for g in got)
+            ga = runtime.codec.decode_many(got)  # type: ignore[arg-type]
+            wa = runtime.codec.decode_many([want[n] for n in kept])
+            assert torch.equal(ga.n_events, wa.n_events), "an event lost or applied twice"
+            assert ga.n_events.tolist() == [len(hist[n]) for n in kept]
+            scaled = max(
+                float(((ga.h - wa.h).abs() / (1 + wa.h.abs())).max()),
+                float(((ga.conv - wa.conv).abs() / (1 + wa.conv.abs())).max()),
+            )
+            assert scaled <= STATE_TOL, scaled
+            figures.update(events_logged=len(logged), nodes=len(kept), max_scaled_diff=scaled)
+        finally:
+            store.close()
+    finally:
+        a.stop()
+        b.stop()
