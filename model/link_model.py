@@ -28,7 +28,7 @@ from torch import nn
 from .config import ModelConfig
 from .events import EventInputs, NodeEvent, pack_events
 from .node_state import NeighbourLists, NodeStates
-from .pair_features import PAIR_FEATURE_DIM, pair_inputs
+from .pair_features import PAIR_FEATURE_DIM, pair_inputs_of_rows
 from .rank_plan import RankPlan
 from .ssm import CACHE_BLOCK_ELEMENTS, LayerState, SelectiveSSMLayer, StepUpdate, gap_units
 from .time_encoding import make_time_encoder
@@ -391,18 +391,7 @@ class DygMambaLinkModel(nn.Module):
         are gathered per pair. Equal to ``streaming.score`` on the gathered states (tested).
         """
         tau = tau.to(torch.float64)
-        pair, ids = pair_inputs(
-            self.config,
-            keys[iu],
-            keys[iv],
-            tau,
-            lists.select(iu),
-            lists.select(iv),
-            states.n_events[iu],
-            states.n_events[iv],
-            states.t_last[iu],
-            states.t_last[iv],
-        )
+        pair, ids = pair_inputs_of_rows(self.config, states, lists, keys, iu, iv, tau)
         if not self.config.use_state:
             return self.head_logit(None, None, pair, ids)
         if len(tau) and bool((tau == tau[0]).all()):

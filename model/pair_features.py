@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .config import ModelConfig, TimeNormalisation
-from .node_state import PAD_KEY, NeighbourLists
+from .node_state import PAD_KEY, NeighbourLists, NodeStates
 from .time_encoding import standardised_log_span
 
 PAIR_FEATURE_DIM = 11
@@ -192,3 +192,28 @@ def pair_inputs(
             config.identity_match_depth,
         )
     return pair, ids
+
+
+def pair_inputs_of_rows(
+    config: ModelConfig,
+    states: NodeStates,
+    lists: NeighbourLists,
+    keys: torch.Tensor,
+    iu: torch.Tensor,
+    iv: torch.Tensor,
+    tau: torch.Tensor,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``pair_inputs`` of pairs given as rows ``iu``, ``iv`` of one set of node states
+    and lists (each distinct node loaded once, as the service and its evaluators hold them)."""
+    return pair_inputs(
+        config,
+        keys[iu],
+        keys[iv],
+        tau,
+        lists.select(iu),
+        lists.select(iv),
+        states.n_events[iu],
+        states.n_events[iv],
+        states.t_last[iu],
+        states.t_last[iv],
+    )

@@ -15,7 +15,7 @@ import torch
 from model.explain import contributions, decayed_terms, state_sensitivity
 from model.link_model import DygMambaLinkModel
 from model.node_ids import node_keys
-from model.pair_features import pair_inputs
+from model.pair_features import pair_inputs_of_rows
 from state_store.base import LoggedEvent
 
 from .engine import Engine, distinct_nodes, node_events, timed_store
@@ -48,18 +48,7 @@ def explain_pair(engine: Engine, src: str, dst: str, t: float, k: int) -> Explan
     keys = torch.from_numpy(node_keys(nodes))
     tau = torch.tensor([t], dtype=torch.float64)
     with torch.no_grad():
-        pair, ids = pair_inputs(
-            rt.config,
-            keys[iu],
-            keys[iv],
-            tau,
-            lists.select(iu),
-            lists.select(iv),
-            states.n_events[iu],
-            states.n_events[iv],
-            states.t_last[iu],
-            states.t_last[iv],
-        )
+        pair, ids = pair_inputs_of_rows(rt.config, states, lists, keys, iu, iv, tau)
     sens = state_sensitivity(
         model,
         states.select(iu).to(dev),

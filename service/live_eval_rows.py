@@ -14,7 +14,7 @@ import torch
 
 from model.node_ids import node_keys
 from model.node_state import NeighbourLists, NodeStates
-from model.pair_features import pair_inputs
+from model.pair_features import pair_inputs_of_rows
 from state_store.base import LoggedEvent
 
 from .engine import ModelRuntime, node_events
@@ -68,17 +68,14 @@ def score_rows(
     su, sv = torch.tensor(iu, device=dev), torch.tensor(iv, device=dev)
     states, lists = states.to(dev), lists.to(dev)
     with torch.no_grad():
-        pair, ids = pair_inputs(
+        pair, ids = pair_inputs_of_rows(
             rt.config,
-            keys[su],
-            keys[sv],
+            states,
+            lists,
+            keys,
+            su,
+            sv,
             torch.tensor(tau, dtype=torch.float64, device=dev),
-            lists.select(su),
-            lists.select(sv),
-            states.n_events[su],
-            states.n_events[sv],
-            states.t_last[su],
-            states.t_last[sv],
         )
         z_u = z_v = None
         if rt.config.use_state:
