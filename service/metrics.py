@@ -76,6 +76,14 @@ IN_FLIGHT = Gauge(
     "dygserve_in_flight_requests", "requests in progress", multiprocess_mode="livesum"
 )
 HTTP_REQUESTS = Counter("dygserve_http_requests", "HTTP requests", ["route", "status"])
+# Node classification (checkpoints with a node head): answers and their latency by route.
+NODES_CLASSIFIED = Counter("dygserve_nodes_classified", "nodes classified", ["route"])
+CLASSIFY_LATENCY = Histogram(
+    "dygserve_classify_latency_seconds",
+    "node-classification latency",
+    ["route"],
+    buckets=LATENCY_BUCKETS,
+)
 
 
 def set_model_version(version: str, previous: str | None = None) -> None:
