@@ -84,6 +84,9 @@ CLASSIFY_LATENCY = Histogram(
     ["route"],
     buckets=LATENCY_BUCKETS,
 )
+for _route in ("get_classify", "post_classify"):  # series at 0 from the start (the dashboard)
+    NODES_CLASSIFIED.labels(route=_route)
+    CLASSIFY_LATENCY.labels(route=_route)
 
 
 def set_model_version(version: str, previous: str | None = None) -> None:

@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -67,12 +67,17 @@ class NodeTrainConfig(BaseModel):
     patience: int = Field(20, ge=1, description="epochs without a better validation AUC")
     batch_size: int = Field(1024, ge=1)
     lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(1e-4, ge=0)
+    # Dropout and weight decay chosen on Wikipedia's validation AUC (docs/RESULTS.md).
+    weight_decay: float = Field(1e-3, ge=0)
     hidden: int = Field(64, ge=1)
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    dropout: float = Field(0.3, ge=0.0, lt=1.0)
     use_activity: bool = True
     event_features: bool = Field(
         False, description="also read the classified event's features (the service then needs them)"
+    )
+    imbalance: Literal["balanced", "sqrt", "none"] = Field(
+        "balanced",
+        description="positive weight in the BCE: negatives/positives, its square root, or 1",
     )
     seed: int = 0
 
@@ -91,8 +96,11 @@ def fit_head(
     xt, yt = torch.from_numpy(x[train]), torch.from_numpy(y[train]).to(torch.float32)
     head.fit_standardisation(xt)
     n_pos = float(yt.sum())
-    # Imbalance: each positive weighs as much as all negatives together / positives.
-    pos_weight = torch.tensor((len(yt) - n_pos) / max(n_pos, 1.0))
+    # Imbalance: "balanced" makes the positives weigh as much as all the negatives.
+    ratio = (len(yt) - n_pos) / max(n_pos, 1.0)
+    pos_weight = torch.tensor(
+        {"balanced": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[cfg.imbalance]
+    )
     opt = torch.optim.Adam(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     best_auc, best_state, since_best = -math.inf, None, 0
     history: list[dict[str, float]] = []

@@ -36,6 +36,8 @@ FIXED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "dygserve_kernel_path": ("gauge", frozenset({"path"})),
     "dygserve_in_flight_requests": ("gauge", frozenset()),
     "dygserve_http_requests_total": ("counter", frozenset({"route", "status"})),
+    "dygserve_nodes_classified_total": ("counter", frozenset({"route"})),
+    "dygserve_classify_latency_seconds": ("histogram", frozenset({"route"})),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 TARGET_LABELS = frozenset({"instance", "job"})  # added by Prometheus at scrape time

@@ -6,6 +6,7 @@ and the head following ``reload``."""
 from __future__ import annotations
 
 import math
+import re
 import shutil
 
 import pytest
@@ -188,8 +189,15 @@ def test_a_tampered_head_is_refused_by_serve(classify_models, tmp_path):
         start_service(tmp_path, {"DYGSERVE_CHECKPOINT": str(bad)}, timeout=30)
 
 
+def counted(client, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} (\S+)$", client.get("/metrics").text, re.M)
+    assert found, name
+    return float(found.group(1))
+
+
 def test_metrics_count_classifications(client):
+    nodes = 'dygserve_nodes_classified_total{route="post_classify"}'
+    calls = 'dygserve_classify_latency_seconds_count{route="post_classify"}'
+    before = counted(client, nodes), counted(client, calls)
     classify(client, [{"node": "u1", "t": 30.0}, {"node": "u3", "t": 30.0}])
-    text = client.get("/metrics").text
-    assert 'dygserve_nodes_classified_total{route="post_classify"}' in text
-    assert "dygserve_classify_latency_seconds_bucket" in text
+    assert (counted(client, nodes), counted(client, calls)) == (before[0] + 2, before[1] + 1)
