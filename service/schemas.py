@@ -227,8 +227,9 @@ class NodeQueryIn(_Strict):
     t: Time | None = Field(None, description="query time; default: the latest event time seen")
     features: list[FiniteFloat] | None = Field(
         None,
-        description="the classified event's features: only for a head trained with them"
-        " (`node_head.event_feature_dim` in `GET /v1/model`'s checkpoint); refused otherwise",
+        description="the classified event's features: required by a head trained with"
+        " `--event-features` (`event_feature_dim` in the checkpoint's node_head.json),"
+        " refused by any other",
     )
 
 

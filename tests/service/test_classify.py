@@ -201,3 +201,11 @@ def test_metrics_count_classifications(client):
     before = counted(client, nodes), counted(client, calls)
     classify(client, [{"node": "u1", "t": 30.0}, {"node": "u3", "t": 30.0}])
     assert (counted(client, nodes), counted(client, calls)) == (before[0] + 2, before[1] + 1)
+
+
+def test_openapi_documents_the_routes(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    for path, method in (("/v1/nodes/{node}/classify", "get"), ("/v1/classify", "post")):
+        op = paths[path][method]
+        assert {"200", "404", "422"} <= set(op["responses"])
+        assert op["tags"] == ["classify"]
