@@ -30,6 +30,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -142,16 +143,29 @@ def copy_link_checkpoint(base: Path, out: Path) -> None:
             shutil.copyfile(base / name, out / name)
 
 
-def train_node_classifier(
+@dataclass
+class ReplayedInputs:
+    """Everything the head is fitted on: one causal replay's inputs and the labels."""
+
+    base: Path
+    link_version: str
+    data_path: str
+    events: int
+    head_config: NodeHeadConfig
+    x: np.ndarray  # (E, input_dim) each event's source's input, read before the event
+    y: np.ndarray  # (E,) 0/1 labels
+    masks: dict[str, np.ndarray]
+    replay_seconds: float
+
+
+def replay_inputs(
     data_path: str | Path,
     base: str | Path,
-    out: str | Path,
     cfg: NodeTrainConfig,
     max_events: int | None = None,
     progress: bool = False,
-) -> dict[str, Any]:
-    torch.manual_seed(cfg.seed)
-    base, out = Path(base), Path(out)
+) -> ReplayedInputs:
+    base = Path(base)
     ckpt = load_checkpoint(base)
     stream = read_edge_stream(data_path, limit=max_events)
     y = labels_of(stream)
@@ -168,36 +182,71 @@ def train_node_classifier(
         hidden=cfg.hidden,
         dropout=cfg.dropout,
     )
-    masks = split_masks(stream, chronological_split(stream))
     t0 = time.perf_counter()
     x = collect_source_inputs(ckpt.model, head_config, data, progress=progress)
-    replay_s = time.perf_counter() - t0
-    head = NodeClassifierHead(head_config)
+    return ReplayedInputs(
+        base=base,
+        link_version=ckpt.version,
+        data_path=str(data_path),
+        events=len(stream),
+        head_config=head_config,
+        x=x,
+        y=y,
+        masks=split_masks(stream, chronological_split(stream)),
+        replay_seconds=time.perf_counter() - t0,
+    )
+
+
+def fit_and_save(
+    inputs: ReplayedInputs, out: str | Path, cfg: NodeTrainConfig, progress: bool = False
+) -> dict[str, Any]:
+    """Fit one head (seed ``cfg.seed``) on replayed inputs; write the checkpoint to ``out``."""
+    out = Path(out)
+    torch.manual_seed(cfg.seed)
+    head = NodeClassifierHead(inputs.head_config)
     t1 = time.perf_counter()
-    history = fit_head(head, x, y, masks["train"], masks["val"], cfg, log=progress)
+    history = fit_head(
+        head, inputs.x, inputs.y, inputs.masks["train"], inputs.masks["val"], cfg, progress
+    )
     fit_s = time.perf_counter() - t1
-    metrics: dict[str, Any] = split_metrics(y, head_logits(head, x), masks)
-    copy_link_checkpoint(base, out)
+    metrics: dict[str, Any] = split_metrics(inputs.y, head_logits(head, inputs.x), inputs.masks)
+    copy_link_checkpoint(inputs.base, out)
     version = save_node_head(out, head)
+    finite = [h["val_auc"] if math.isfinite(h["val_auc"]) else -math.inf for h in history]
     metrics.update(
         task="node-classification",
-        model_version=ckpt.version,
+        model_version=inputs.link_version,
         head_version=version,
-        base=str(base.resolve()),
-        data=str(data_path),
-        events=len(stream),
+        base=str(inputs.base.resolve()),
+        data=inputs.data_path,
+        events=inputs.events,
         train_config=cfg.model_dump(),
         history=history,
-        best_epoch=int(np.nanargmax([h["val_auc"] for h in history]))
-        if any(math.isfinite(h["val_auc"]) for h in history)
-        else len(history) - 1,
-        replay_seconds=replay_s,
+        # The kept epoch: the best validation AUC (the last one when there is none).
+        best_epoch=int(np.argmax(finite)) if max(finite) > -math.inf else len(history) - 1,
+        replay_seconds=inputs.replay_seconds,
         fit_seconds=fit_s,
     )
     (out / NODE_METRICS_FILE).write_text(
         json.dumps(jsonable(metrics), indent=2, sort_keys=True) + "\n"
     )
     return metrics
+
+
+def train_node_classifier(
+    data_path: str | Path,
+    base: str | Path,
+    out: str | Path,
+    cfg: NodeTrainConfig,
+    max_events: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """One replay, one head: the ``dygserve train --task node-classification`` command."""
+    if Path(out).resolve() == Path(base).resolve():
+        raise ValueError("the output folder must not be the base checkpoint")
+    return fit_and_save(
+        replay_inputs(data_path, base, cfg, max_events, progress), out, cfg, progress
+    )
 
 
 def asks_node_task(argv: Sequence[str]) -> bool:
