@@ -176,6 +176,30 @@ def render_section(summaries: list[dict[str, Any]]) -> str:
                 f"{_pct(ev['val']['auc'])}, test AUC {_pct(ev['test']['auc'])}, test AP {_pct(ev['test']['ap'])}."
             )
     w("")
+    w("Commands (the link checkpoints first, then the heads and this section):\n")
+    w("```bash")
+    for s in summaries:
+        b = s.get("link_budget", {})
+        w(
+            f"python -m training.train --data ../shared/data/{s['dataset']} --out {s['base']} "
+            f"--epochs {b.get('epochs')}"
+        )
+    bases = " ".join(f"--nc-base {s['dataset']}={s['base']}" for s in summaries)
+    seeds = ",".join(str(r["seed"]) for r in summaries[0]["runs"]) if summaries else "0"
+    w(
+        f"python -m training.results --node-classification --datasets "
+        f"{','.join(s['dataset'] for s in summaries)} {bases} --nc-seeds {seeds}"
+    )
+    w("# one head by hand, and its evaluation:")
+    w(
+        "dygserve train --task node-classification --data ../shared/data/wikipedia "
+        "--base runs/wiki-link --out runs/wiki-nc"
+    )
+    w(
+        "dygserve evaluate --checkpoint runs/wiki-nc --data ../shared/data/wikipedia "
+        "--out runs/wiki-nc-eval"
+    )
+    w("```\n")
     w(
         "Differences from the published setting: our Wikipedia stream has **no edge features** "
         "(the published numbers used the 172-d LIWC features); the link model is trained on a "
