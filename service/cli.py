@@ -28,9 +28,11 @@ def _serve(args: argparse.Namespace) -> int:
     # a non-zero exit: with several workers uvicorn's supervisor exits 0 when a worker
     # fails to start, and with one it prints a traceback.
     from model.checkpoint import CheckpointError, load_checkpoint
+    from model.node_head_checkpoint import load_node_head
 
     try:
-        load_checkpoint(settings.checkpoint, settings.checkpoint_verify_key())
+        loaded = load_checkpoint(settings.checkpoint, settings.checkpoint_verify_key())
+        load_node_head(settings.checkpoint, loaded.version)  # a node head, where there is one
     except (CheckpointError, OSError, ValueError) as exc:  # OSError, ValueError: the key file
         print(f"error: checkpoint refused: {exc}", file=sys.stderr)
         return 2

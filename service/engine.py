@@ -37,6 +37,7 @@ import torch
 from model.checkpoint import LoadedCheckpoint, load_checkpoint
 from model.events import ROLE_DST, ROLE_SRC, NodeEvent, endpoint_events
 from model.kernels.dispatch import kernel_advancer
+from model.node_head_checkpoint import load_node_head
 from model.node_ids import node_key, node_keys
 from model.node_state import NeighbourLists, NodeStates, StateCodec
 from model.numpy_scorer import NumpyScorer
@@ -153,6 +154,8 @@ class ModelRuntime:
         self.codec = StateCodec(self.config, self.version)
         # The torch backend's kernel for calls of a few pairs (model/numpy_scorer.py).
         self.numpy_scorer = NumpyScorer(checkpoint.model) if backend == "torch" else None
+        # The node-classification head, where the checkpoint has one (service/classify.py).
+        self.node_head = load_node_head(checkpoint.path, checkpoint.version)
 
     @classmethod
     def load(

@@ -119,6 +119,17 @@ MODEL_BEHIND_STORE = Gauge(
     "1 while this worker serves another version than the store's serving version",
     multiprocess_mode="liveall",
 )
+# Node classification (checkpoints with a node head): answers and their latency by route.
+NODES_CLASSIFIED = Counter("dygserve_nodes_classified", "nodes classified", ["route"])
+CLASSIFY_LATENCY = Histogram(
+    "dygserve_classify_latency_seconds",
+    "node-classification latency",
+    ["route"],
+    buckets=LATENCY_BUCKETS,
+)
+for _route in ("get_classify", "post_classify"):  # series at 0 from the start (the dashboard)
+    NODES_CLASSIFIED.labels(route=_route)
+    CLASSIFY_LATENCY.labels(route=_route)
 
 
 def set_model_version(version: str, previous: str | None = None) -> None:

@@ -270,3 +270,39 @@ class Readiness(BaseModel):
     ready: bool
     store: bool = Field(description="the state store answered a ping")
     model_version: str | None
+
+
+# ----- node classification (checkpoints with a node head) -----------------------------
+class NodeQueryIn(_Strict):
+    node: NodeId
+    t: Time | None = Field(None, description="query time; default: the latest event time seen")
+    features: list[FiniteFloat] | None = Field(
+        None,
+        description="the classified event's features: required by a head trained with"
+        " `--event-features` (`event_feature_dim` in the checkpoint's node_head.json),"
+        " refused by any other",
+    )
+
+
+class ClassifyRequest(_Strict):
+    nodes: list[NodeQueryIn]
+
+
+class NodeClassification(BaseModel):
+    node: str
+    t: float
+    probability: float = Field(description="probability that the node is in the labelled state")
+    logit: float
+    state_age: float = Field(description="t minus the node's last event time")
+    clamped: bool = Field(description="t was earlier than the node's last event and was clamped")
+
+
+class ClassifyDetail(NodeClassification):
+    model_version: str = Field(description="the link model whose cached state was read")
+    head_version: str = Field(description="the node-classification head")
+
+
+class ClassifyResponse(BaseModel):
+    scores: list[NodeClassification]
+    model_version: str
+    head_version: str

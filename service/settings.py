@@ -94,6 +94,9 @@ class Settings(BaseSettings):
     max_batch_events: int = Field(DEFAULT_MAX_BATCH_EVENTS, ge=1)
     max_score_pairs: int = Field(DEFAULT_MAX_SCORE_PAIRS, ge=1)
     max_rank_candidates: int = Field(10_000, ge=1)
+    max_classify_nodes: int = Field(
+        DEFAULT_MAX_SCORE_PAIRS, ge=1, description="nodes per POST /v1/classify"
+    )
     max_in_flight: int = Field(64, ge=1, description="requests in progress beyond this get 503")
     loop_score_max_pairs: int = Field(
         16,

@@ -90,6 +90,23 @@ def validation_ap(
 
 
 # ===================================================================== CLI
+def wants_node_evaluation(argv: Sequence[str]) -> bool:
+    """``--task node-classification``, or no ``--task`` and a checkpoint with a node head
+    (``--task link`` evaluates such a checkpoint's link model)."""
+    from model.node_head_checkpoint import has_node_head
+
+    from .node_classification import asks_node_task
+
+    if asks_node_task(argv):
+        return True
+    if "--task" in argv or any(a.startswith("--task=") for a in argv):
+        return False
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag == "--checkpoint":
+            return has_node_head(value)
+    return any(a.startswith("--checkpoint=") and has_node_head(a.split("=", 1)[1]) for a in argv)
+
+
 def default_out_dir(checkpoint: Path) -> Path:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     ckpt = checkpoint.resolve()
@@ -104,7 +121,15 @@ def load_data(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_node_evaluation(argv):  # a checkpoint with a node head, or --task node-classification
+        from .node_evaluate import main as evaluate_node_classifier
+
+        return evaluate_node_classifier(argv)
     ap = argparse.ArgumentParser(prog="dygserve evaluate", description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--task", choices=("link",), default="link", help="node-classification: see above"
+    )
     ap.add_argument(
         "--checkpoint", required=True, help="checkpoint folder (config.json + weights.safetensors)"
     )

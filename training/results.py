@@ -4,6 +4,8 @@
         [--datasets uci,canparl,uslegis,mooc,wikipedia] [--epochs N] [--max-train-events N]
         [--no-ablation | --variants full,state_only,features_only] [--no-baselines] [--mrr-k K]
         [--reuse] [--render-only]
+    python -m training.results --node-classification [--datasets wikipedia,mooc]
+        [--nc-base NAME=LINK_CHECKPOINT ...] [--nc-seeds 0,1,2]
 
 Per dataset (folder ``OUT/<name>/``):
 
@@ -20,6 +22,10 @@ the document is rendered from whatever summaries exist (``--render-only``), so l
 runs can be done piecemeal. The per-dataset budgets are in ``BUDGETS`` (with any model
 settings a dataset departs from the defaults with, under ``config``); a row trained
 on fewer epochs or fewer training events than the full protocol is marked "reduced".
+
+Then, on the labelled streams (Wikipedia, MOOC), a node-classification head on each
+fresh link checkpoint (``training/node_results.py``: its own section of the document;
+``--node-classification`` runs and rewrites only that section).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import torch
 
 from model.checkpoint import load_checkpoint
 
+from . import node_results
 from .baselines import recompute, run_baselines
 from .evaluate import evaluate_model, load_data
 from .jsonable import jsonable
@@ -672,7 +679,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--seeds", default="0,1,2", help="seeds of the full model (ablations run the first only)"
     )
     ap.add_argument("--threads", type=int, default=1)
+    node_results.add_arguments(ap)
     args = ap.parse_args(argv)
+    if args.node_classification:  # only the node-classification section
+        torch.set_num_threads(args.threads)
+        return node_results.run_from_args(args)
     unknown = set(args.variants.split(",")) - {"full", "state_only", "features_only", ""}
     if unknown:
         ap.error(f"unknown variant(s) {sorted(unknown)}")
@@ -700,6 +711,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             _render_all(names, out_root, Path(args.doc))
     _render_all(names, out_root, Path(args.doc))
+    if not args.render_only:  # heads on the labelled streams' fresh link checkpoints
+        node_results.run_from_args(args, [n for n in names if n in node_results.LABELLED])
+    node_results.update_doc(Path(args.doc), out_root)
     print(f"wrote {args.doc}")
     return 0
 

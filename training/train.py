@@ -522,6 +522,12 @@ def _metrics_doc(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from .node_classification import asks_node_task
+    from .node_classification import main as train_node_classifier
+
+    if asks_node_task(argv):  # a head on frozen states: its own trainer
+        return train_node_classifier(argv)
     ap = argparse.ArgumentParser(prog="dygserve train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="dataset folder or edges.csv.gz")
     ap.add_argument("--out", required=True, help="checkpoint folder to write")

@@ -49,6 +49,8 @@ FIXED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "dygserve_live_eval_samples_total": ("counter", frozenset()),
     "dygserve_live_eval_skipped_total": ("counter", frozenset({"reason"})),
     "dygserve_live_score": ("histogram", frozenset({"label"})),
+    "dygserve_nodes_classified_total": ("counter", frozenset({"route"})),
+    "dygserve_classify_latency_seconds": ("histogram", frozenset({"route"})),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 TARGET_LABELS = frozenset({"instance", "job"})  # added by Prometheus at scrape time

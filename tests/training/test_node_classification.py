@@ -1,0 +1,148 @@
+"""The node-classification trainer, evaluator and results section, on real data."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from model.checkpoint import load_checkpoint
+from model.node_head import NodeClassifierHead, NodeHeadConfig, node_head_inputs
+from model.node_head_checkpoint import load_node_head
+from service.settings import DEFAULT_CHECKPOINT
+from training import evaluate
+from training.batches import IndexedStream
+from training.data import read_edge_stream
+from training.metrics import roc_auc
+from training.node_classification import (
+    NODE_METRICS_FILE,
+    NodeTrainConfig,
+    asks_node_task,
+    fit_head,
+    train_node_classifier,
+)
+from training.node_evaluate import evaluate_node_checkpoint
+from training.node_replay import collect_source_inputs
+from training.node_results import BEGIN, END, update_doc
+from training.replay import StreamReplay
+
+N_EVENTS = 3000
+
+
+@pytest.fixture(scope="module")
+def wiki(data_dir):
+    return data_dir / "wikipedia" / "edges.csv.gz"
+
+
+def test_merged_replay_equals_one_timestamp_at_a_time(wiki):
+    ckpt = load_checkpoint(DEFAULT_CHECKPOINT)
+    data = IndexedStream.build(read_edge_stream(wiki, limit=1500))
+    cfg = NodeHeadConfig(link_model_version=ckpt.version, d_readout=ckpt.config.d_out)
+    merged = collect_source_inputs(ckpt.model, cfg, data)
+    # The plain way: each timestamp group's sources read, then the group ingested.
+    rep = StreamReplay(ckpt.model, data)
+    plain = np.zeros_like(merged)
+    cuts = np.r_[0, np.flatnonzero(np.diff(data.t)) + 1, len(data)]
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        plain[a:b] = node_head_inputs(
+            ckpt.model,
+            cfg,
+            rep.states.select(torch.from_numpy(data.src[a:b])),
+            torch.from_numpy(data.t[a:b]),
+        ).numpy()
+        rep.ingest(np.arange(a, b))
+    np.testing.assert_allclose(merged, plain, atol=1e-5)
+    # A source with no event at an earlier time reads the initial state: no events.
+    first_t = np.full(data.num_nodes, np.inf)
+    np.minimum.at(first_t, np.r_[data.src, data.dst], np.r_[data.t, data.t])
+    seen = first_t[data.src] < data.t
+    assert (~seen).any() and seen.any()
+    assert (merged[~seen, -1] == 0).all() and (merged[~seen, -2] == 0).all()
+    assert (merged[seen, -1] == 1).all() and (merged[seen, -2] > 0).all()
+
+
+def test_fit_head_keeps_the_best_validation_epoch():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(6000, 5)).astype(np.float32)
+    y = (x[:, 0] + 0.3 * rng.normal(size=6000) > 2.0).astype(np.int64)  # rare positives
+    train, val = np.arange(6000) < 4000, np.arange(6000) >= 4000
+    head = NodeClassifierHead(
+        NodeHeadConfig(link_model_version="x", d_readout=5, use_activity=False)
+    )
+    history = fit_head(head, x, y, train, val, NodeTrainConfig(epochs=15, patience=15), log=False)
+    best = max(h["val_auc"] for h in history)
+    with torch.no_grad():
+        val_auc = roc_auc(y[val], head(torch.from_numpy(x[val])).numpy())
+    assert val_auc == pytest.approx(best, abs=1e-9)
+    assert val_auc > 0.95
+
+
+def test_trainer_writes_a_checkpoint_the_evaluator_reproduces(wiki, tmp_path):
+    out = tmp_path / "nc"
+    metrics = train_node_classifier(
+        wiki, DEFAULT_CHECKPOINT, out, NodeTrainConfig(epochs=3), max_events=N_EVENTS
+    )
+    base, nc = load_checkpoint(DEFAULT_CHECKPOINT), load_checkpoint(out)
+    assert nc.version == base.version  # the link model's files, unchanged: same states
+    head = load_node_head(out, nc.version)
+    assert head is not None and head.version == metrics["head_version"]
+    saved = json.loads((out / NODE_METRICS_FILE).read_text())
+    assert saved["test"]["n_events"] > 0 and len(saved["history"]) <= 3
+    evaluated = evaluate_node_checkpoint(out, wiki, max_events=N_EVENTS)
+    for split in ("val", "test"):
+        assert evaluated[split]["n_positives"] == metrics[split]["n_positives"]
+        if metrics[split]["n_positives"]:
+            assert evaluated[split]["auc"] == pytest.approx(metrics[split]["auc"], abs=1e-6)
+
+
+def test_a_stream_without_labels_is_refused(data_dir, tmp_path):
+    with pytest.raises(ValueError, match="no label column"):
+        train_node_classifier(
+            data_dir / "bitcoin-otc", DEFAULT_CHECKPOINT, tmp_path / "x", NodeTrainConfig(), 500
+        )
+
+
+def test_task_dispatch(tmp_path):
+    assert asks_node_task(["--task", "node-classification", "--data", "x"])
+    assert asks_node_task(["--task=node-classification"])
+    assert not asks_node_task(["--data", "node-classification"])
+    # evaluate: a checkpoint with a head goes to the node evaluator unless --task link.
+    assert not evaluate.wants_node_evaluation(["--checkpoint", str(DEFAULT_CHECKPOINT)])
+    (tmp_path / "node_head.json").write_text("{}")
+    assert evaluate.wants_node_evaluation(["--checkpoint", str(tmp_path)])
+    assert not evaluate.wants_node_evaluation(["--checkpoint", str(tmp_path), "--task", "link"])
+
+
+def test_results_rewrites_only_its_section(tmp_path):
+    doc = tmp_path / "RESULTS.md"
+    doc.write_text("# Results\n\nlink tables\n")
+    summary = {
+        "dataset": "wikipedia",
+        "base": "runs/wiki-link",
+        "link_model_version": "abc",
+        "link_budget": {"epochs": 2, "train_events": 10, "train_events_total": 10},
+        "train_config": NodeTrainConfig().model_dump(),
+        "runs": [
+            {
+                "seed": s,
+                "epochs_run": 30,
+                "val": {"auc": 0.9, "ap": 0.1},
+                "test": {"auc": auc, "ap": 0.2, "n_positives": 30, "n_events": 23000},
+            }
+            for s, auc in ((0, 0.91), (1, 0.93))
+        ],
+    }
+    folder = tmp_path / "out" / "wikipedia" / "node_classification"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    assert update_doc(doc, tmp_path / "out")
+    text = doc.read_text()
+    assert text.startswith("# Results\n\nlink tables\n") and BEGIN in text and END in text
+    assert "**92.00 ± 1.00**" in text and "JODIE 88.99" in text
+    doc.write_text(text.replace("link tables", "new link tables") + "\ntrailer\n")
+    assert update_doc(doc, tmp_path / "out")
+    again = doc.read_text()
+    assert again.count(BEGIN) == 1 and "new link tables" in again and again.endswith("trailer\n")
+    assert not update_doc(doc, tmp_path / "nothing")

@@ -1,0 +1,306 @@
+"""The node-classification trainer: a head on a frozen link model's node states.
+
+``dygserve train --task node-classification --data PATH --base LINK_CHECKPOINT --out DIR``
+
+1. One causal replay of the whole stream with the frozen link model
+   (``node_replay.collect_source_inputs``) gives each event's source's head input,
+   read from the states before the event: exactly what the evaluator and the service
+   read. The link model does not move, so this is done once, not per epoch.
+2. The head (``model.node_head.NodeClassifierHead``) learns the ``label`` column
+   (the source's state at that interaction, DyGLib/JODIE) on the events of the
+   chronological training split (t <= the 70% time quantile), with BCE weighted by
+   negatives/positives (Wikipedia: 217 positives in 157,474 events), Adam, and early
+   stopping on validation AUC-ROC (the best epoch is kept).
+3. The output folder is a full checkpoint: the link checkpoint's files, unchanged
+   (same model version, so the service's cached states serve both tasks), plus the
+   head (``model.node_head_checkpoint``: safetensors + JSON, its own head version),
+   and ``node_metrics.json`` (validation/test AUC and AP, the history, the budget).
+
+Fine-tuning the link model through the head is not implemented: the replay would
+have to run with gradients through every node's history (the link trainer's window
+scheme); the frozen states already carry the signal (docs/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from model.checkpoint import (
+    CHECKSUMS_FILE,
+    CONFIG_FILE,
+    METRICS_FILE,
+    WEIGHTS_FILE,
+    load_checkpoint,
+)
+from model.node_head import NodeClassifierHead, NodeHeadConfig
+from model.node_head_checkpoint import save_node_head
+
+from .batches import IndexedStream
+from .data import chronological_split, read_edge_stream
+from .jsonable import jsonable
+from .metrics import roc_auc
+from .node_evaluate import head_logits, labels_of, split_masks, split_metrics
+from .node_replay import collect_source_inputs
+
+NODE_METRICS_FILE = "node_metrics.json"
+
+
+class NodeTrainConfig(BaseModel):
+    """How the head is trained (saved in ``node_metrics.json``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    epochs: int = Field(200, ge=1, description="passes over the training events' inputs")
+    patience: int = Field(20, ge=1, description="epochs without a better validation AUC")
+    batch_size: int = Field(1024, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    # Dropout and weight decay chosen on Wikipedia's validation AUC (docs/RESULTS.md).
+    weight_decay: float = Field(1e-3, ge=0)
+    hidden: int = Field(64, ge=1)
+    dropout: float = Field(0.3, ge=0.0, lt=1.0)
+    use_activity: bool = True
+    event_features: bool = Field(
+        False, description="also read the classified event's features (the service then needs them)"
+    )
+    imbalance: Literal["balanced", "sqrt", "none"] = Field(
+        "balanced",
+        description="positive weight in the BCE: negatives/positives, its square root, or 1",
+    )
+    seed: int = 0
+
+
+def fit_head(
+    head: NodeClassifierHead,
+    x: np.ndarray,
+    y: np.ndarray,
+    train: np.ndarray,
+    val: np.ndarray,
+    cfg: NodeTrainConfig,
+    log: bool = True,
+) -> list[dict[str, float]]:
+    """Train ``head`` on the training rows, keep the epoch with the best validation AUC."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    xt, yt = torch.from_numpy(x[train]), torch.from_numpy(y[train]).to(torch.float32)
+    head.fit_standardisation(xt)
+    n_pos = float(yt.sum())
+    # Imbalance: "balanced" makes the positives weigh as much as all the negatives.
+    ratio = (len(yt) - n_pos) / max(n_pos, 1.0)
+    pos_weight = torch.tensor(
+        {"balanced": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[cfg.imbalance]
+    )
+    opt = torch.optim.Adam(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    best_auc, best_state, since_best = -math.inf, None, 0
+    history: list[dict[str, float]] = []
+    for epoch in range(cfg.epochs):
+        head.train()
+        order = torch.randperm(len(xt), generator=gen)
+        total = 0.0
+        for i in range(0, len(order), cfg.batch_size):
+            idx = order[i : i + cfg.batch_size]
+            loss = F.binary_cross_entropy_with_logits(head(xt[idx]), yt[idx], pos_weight=pos_weight)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(idx)
+        val_auc = roc_auc(y[val], head_logits(head, x[val]))
+        history.append({"epoch": epoch, "loss": total / max(len(xt), 1), "val_auc": val_auc})
+        if log and (epoch % 10 == 0 or epoch == cfg.epochs - 1):
+            print(f"epoch {epoch:3d} loss {history[-1]['loss']:.4f} val AUC {100 * val_auc:.2f}")
+        # A split without both classes has no AUC: then the last epoch is kept.
+        score = val_auc if math.isfinite(val_auc) else -math.inf
+        if score > best_auc or best_state is None:
+            best_auc, since_best = score, 0
+            best_state = {k: v.clone() for k, v in head.state_dict().items()}
+        else:
+            since_best += 1
+            if since_best >= cfg.patience:
+                break
+    assert best_state is not None
+    head.load_state_dict(best_state)
+    head.eval()
+    return history
+
+
+def copy_link_checkpoint(base: Path, out: Path) -> None:
+    """The link model's files, byte for byte: the output serves the same model version."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (CONFIG_FILE, WEIGHTS_FILE, CHECKSUMS_FILE, METRICS_FILE):
+        if (base / name).exists():
+            shutil.copyfile(base / name, out / name)
+
+
+@dataclass
+class ReplayedInputs:
+    """Everything the head is fitted on: one causal replay's inputs and the labels."""
+
+    base: Path
+    link_version: str
+    data_path: str
+    events: int
+    head_config: NodeHeadConfig
+    x: np.ndarray  # (E, input_dim) each event's source's input, read before the event
+    y: np.ndarray  # (E,) 0/1 labels
+    masks: dict[str, np.ndarray]
+    replay_seconds: float
+
+
+def replay_inputs(
+    data_path: str | Path,
+    base: str | Path,
+    cfg: NodeTrainConfig,
+    max_events: int | None = None,
+    progress: bool = False,
+) -> ReplayedInputs:
+    base = Path(base)
+    ckpt = load_checkpoint(base)
+    stream = read_edge_stream(data_path, limit=max_events)
+    y = labels_of(stream)
+    data = IndexedStream.build(stream)
+    if data.feature_dim != ckpt.config.edge_feature_dim:
+        raise ValueError(
+            f"the data has {data.feature_dim} edge features, the link model expects {ckpt.config.edge_feature_dim}"
+        )
+    head_config = NodeHeadConfig(
+        link_model_version=ckpt.version,
+        d_readout=ckpt.config.d_out,
+        use_activity=cfg.use_activity,
+        event_feature_dim=data.feature_dim if cfg.event_features else 0,
+        hidden=cfg.hidden,
+        dropout=cfg.dropout,
+    )
+    t0 = time.perf_counter()
+    x = collect_source_inputs(ckpt.model, head_config, data, progress=progress)
+    return ReplayedInputs(
+        base=base,
+        link_version=ckpt.version,
+        data_path=str(data_path),
+        events=len(stream),
+        head_config=head_config,
+        x=x,
+        y=y,
+        masks=split_masks(stream, chronological_split(stream)),
+        replay_seconds=time.perf_counter() - t0,
+    )
+
+
+def fit_and_save(
+    inputs: ReplayedInputs, out: str | Path, cfg: NodeTrainConfig, progress: bool = False
+) -> dict[str, Any]:
+    """Fit one head (seed ``cfg.seed``) on replayed inputs; write the checkpoint to ``out``."""
+    out = Path(out)
+    torch.manual_seed(cfg.seed)
+    head = NodeClassifierHead(inputs.head_config)
+    t1 = time.perf_counter()
+    history = fit_head(
+        head, inputs.x, inputs.y, inputs.masks["train"], inputs.masks["val"], cfg, progress
+    )
+    fit_s = time.perf_counter() - t1
+    metrics: dict[str, Any] = split_metrics(inputs.y, head_logits(head, inputs.x), inputs.masks)
+    copy_link_checkpoint(inputs.base, out)
+    version = save_node_head(out, head)
+    finite = [h["val_auc"] if math.isfinite(h["val_auc"]) else -math.inf for h in history]
+    metrics.update(
+        task="node-classification",
+        model_version=inputs.link_version,
+        head_version=version,
+        base=str(inputs.base.resolve()),
+        data=inputs.data_path,
+        events=inputs.events,
+        train_config=cfg.model_dump(),
+        history=history,
+        # The kept epoch: the best validation AUC (the last one when there is none).
+        best_epoch=int(np.argmax(finite)) if max(finite) > -math.inf else len(history) - 1,
+        replay_seconds=inputs.replay_seconds,
+        fit_seconds=fit_s,
+    )
+    (out / NODE_METRICS_FILE).write_text(
+        json.dumps(jsonable(metrics), indent=2, sort_keys=True) + "\n"
+    )
+    return metrics
+
+
+def train_node_classifier(
+    data_path: str | Path,
+    base: str | Path,
+    out: str | Path,
+    cfg: NodeTrainConfig,
+    max_events: int | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """One replay, one head: the ``dygserve train --task node-classification`` command."""
+    if Path(out).resolve() == Path(base).resolve():
+        raise ValueError("the output folder must not be the base checkpoint")
+    return fit_and_save(
+        replay_inputs(data_path, base, cfg, max_events, progress), out, cfg, progress
+    )
+
+
+def asks_node_task(argv: Sequence[str]) -> bool:
+    """Whether a train/evaluate command line names ``--task node-classification``."""
+    args = list(argv)
+    return "--task=node-classification" in args or any(
+        a == "--task" and b == "node-classification" for a, b in zip(args, args[1:], strict=False)
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="dygserve train --task node-classification",
+        description=(__doc__ or "").split("\n\n")[0],
+    )
+    ap.add_argument("--task", choices=("node-classification",), default="node-classification")
+    ap.add_argument("--data", required=True, help="dataset folder or edges.csv.gz with labels")
+    ap.add_argument("--base", required=True, help="the link checkpoint whose states it reads")
+    ap.add_argument("--out", required=True, help="checkpoint folder to write")
+    ap.add_argument("--max-events", type=int, default=None, help="only the first N events")
+    ap.add_argument("--epochs", type=int, default=NodeTrainConfig().epochs)
+    ap.add_argument("--patience", type=int, default=NodeTrainConfig().patience)
+    ap.add_argument("--lr", type=float, default=NodeTrainConfig().lr)
+    ap.add_argument("--hidden", type=int, default=NodeTrainConfig().hidden)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--event-features",
+        action="store_true",
+        help="also read the classified event's features (classify requests must then carry them)",
+    )
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    base, out = Path(args.base).resolve(), Path(args.out).resolve()
+    if out == base:
+        ap.error("--out must be a new folder, not the base checkpoint")
+    torch.set_num_threads(args.threads)
+    cfg = NodeTrainConfig(
+        epochs=args.epochs,
+        patience=args.patience,
+        lr=args.lr,
+        hidden=args.hidden,
+        seed=args.seed,
+        event_features=args.event_features,
+    )
+    metrics = train_node_classifier(
+        args.data, args.base, args.out, cfg, args.max_events, not args.no_progress
+    )
+    for name in ("val", "test"):
+        m = metrics[name]
+        print(f"{name:5s} AUC {100 * m['auc']:.2f}  AP {100 * m['ap']:.2f}")
+    print(f"model version {metrics['model_version']}, head {metrics['head_version']} -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
