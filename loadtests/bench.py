@@ -7,6 +7,8 @@
   200 requests/s; POST /v1/score with 1,000 pairs), written to the report.
 * ``bench live-eval``: what the live evaluation costs, the HTTP ingest rate and GET
   latency with ``DYGSERVE_LIVE_EVAL_RATE`` at its default and at 0 (part of ``all``).
+* ``bench reads``: single GET /v1/score at 200 requests/s alone and beside 500 events/s
+  of ingest, repeated (reads must not suffer from writes).
 * ``bench gpu``: cold rebuilds, backfill and scoring on a GPU (``loadtests.gpu_bench``);
   its section of the report is kept by ``bench all``.
 * ``bench pipeline [--redis-url URL]``: the service engine in process on a real
@@ -374,46 +376,19 @@ def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], object
     # GET /v1/score open loop at the issue's 200 requests/s (loadtests/open_loop.py: a
     # light threaded client, latency from each request's due time), first alone, then
     # beside 500 events/s of ingest from a replay_load subprocess.
-    from loadtests.open_loop import OpenLoopConfig, pairs_from_csv, run_open_loop
+    from loadtests.open_loop import OpenLoopConfig, open_loop_beside_ingest, pairs_from_csv
 
     pairs = pairs_from_csv(data, limit=30_000)
     for label, event_rate in (("no other traffic", 0), ("with 500 events/s ingest beside it", 500)):
-        bg = None
-        if event_rate:
-            bg = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "loadtests.replay_load",
-                    "--url",
-                    url,
-                    "--data",
-                    str(data),
-                    "--start-row",
-                    "30000",
-                    "--batch-size",
-                    "100",
-                    "--event-rate",
-                    str(event_rate),
-                    "--score-rate",
-                    "0",
-                    "--duration",
-                    "40",
-                    "--concurrency",
-                    "1",
-                    "--out",
-                    str(out / "ingest_beside_get"),
-                    "--no-plots",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            time.sleep(3)
-        open_loop = run_open_loop(OpenLoopConfig(url=url, rate=200, duration=30, threads=8), pairs)
+        open_loop = open_loop_beside_ingest(
+            OpenLoopConfig(url=url, rate=200, duration=30, threads=8),
+            pairs,
+            data,
+            event_rate,
+            30_000,
+            out / "ingest_beside_get",
+        )
         (out / f"get_open_loop_{event_rate}.json").write_text(open_loop.to_json())
-        if bg is not None:
-            bg.terminate()
-            bg.wait()
         st = open_loop.latency
         rows.append(
             f"| single GET /v1/score, open loop at 200 req/s ({open_loop.achieved_rate:,.0f} answered/s, {open_loop.errors} errors), "
@@ -444,6 +419,87 @@ def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], object
             c.score_pairs(body_pairs)
         rate = 20 * 1000 / (time.perf_counter() - start)
     rows.append(f"| HTTP POST /v1/score, 1,000 pairs per request, 1 client | {rate:,.0f} pairs/s |")
+    return rows
+
+
+READS_REPS = 3
+
+
+def bench_reads(
+    checkpoint: Path,
+    data: Path,
+    out: Path,
+    reps: int = READS_REPS,
+    seconds: float = 20.0,
+    warm_events: int = 10_000,
+    extra_env: dict[str, str] | None = None,
+) -> list[str]:
+    """Reads beside writes: single GET /v1/score in an open loop at 200 requests/s, with
+    no other traffic and with 500 events/s ingested beside it (batches of 100), ``reps``
+    times each, alternating, on one service (1 worker) and one Redis started here. The
+    first ``warm_events`` UCI events are ingested first, so the pairs read warm states;
+    each repetition's ingest continues the stream where the last stopped."""
+    import asyncio
+    import statistics
+
+    from loadtests.open_loop import OpenLoopConfig, open_loop_beside_ingest, pairs_from_csv
+    from loadtests.replay_load import LoadConfig, run_load
+
+    out.mkdir(parents=True, exist_ok=True)
+    proc, redis_url, workdir = _start_redis()
+    stats: dict[int, list[Any]] = {0: [], 500: []}
+    try:
+        svc, url = _start_service(redis_url, checkpoint, str(out), extra_env=extra_env)
+        try:
+            asyncio.run(
+                run_load(
+                    LoadConfig(
+                        url=url,
+                        data=str(data),
+                        batch_size=1000,
+                        concurrency=2,
+                        max_events=warm_events,
+                        duration=120,
+                        score_rate=0,
+                        plots=False,
+                    )
+                )
+            )
+            pairs = pairs_from_csv(data, limit=warm_events)
+            row = warm_events
+            for _ in range(reps):
+                for rate in stats:
+                    report = open_loop_beside_ingest(
+                        OpenLoopConfig(url=url, rate=200, duration=seconds, threads=8),
+                        pairs,
+                        data,
+                        rate,
+                        row,
+                        out / "ingest_beside_get",
+                    )
+                    row += int(rate * (seconds + 10))
+                    stats[rate].append(report)
+        finally:
+            svc.terminate()
+            svc.wait(timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+    rows = []
+    for rate, label in ((0, "no other traffic"), (500, "with 500 events/s ingest beside it")):
+        runs = stats[rate]
+        p99s = [r.latency.p99_ms for r in runs]
+
+        def med(key: str, runs: list[Any] = runs) -> float:
+            return statistics.median(getattr(r.latency, key) for r in runs)
+
+        rows.append(
+            f"| single GET /v1/score, open loop at 200 req/s, {label}, median of {reps} runs of "
+            f"{seconds:g} s ({sum(r.errors for r in runs)} errors) | p50 {med('p50_ms'):.2f} ms, "
+            f"p95 {med('p95_ms'):.2f} ms, p99 {med('p99_ms'):.2f} ms (p99 runs {min(p99s):.2f} to "
+            f"{max(p99s):.2f}), max {med('max_ms'):.1f} ms |"
+        )
     return rows
 
 
@@ -516,7 +572,7 @@ def bench_live_eval(
 
     import redis as redis_lib
 
-    from loadtests.open_loop import OpenLoopConfig, pairs_from_csv, run_open_loop
+    from loadtests.open_loop import OpenLoopConfig, open_loop_beside_ingest, pairs_from_csv
     from loadtests.replay_load import LoadConfig, run_load
 
     pairs = pairs_from_csv(data, limit=events)
@@ -549,40 +605,14 @@ def bench_live_eval(
                     )
                 )
                 rates[rate].append(report.events_per_s)
-                beside = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "loadtests.replay_load",
-                        "--url",
-                        url,
-                        "--data",
-                        str(data),
-                        "--start-row",
-                        str(events),
-                        "--batch-size",
-                        "100",
-                        "--event-rate",
-                        "500",
-                        "--score-rate",
-                        "0",
-                        "--duration",
-                        str(get_seconds + 5),
-                        "--concurrency",
-                        "1",
-                        "--out",
-                        str(log_dir / "ingest_beside_get"),
-                        "--no-plots",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                time.sleep(2)
-                st = run_open_loop(
-                    OpenLoopConfig(url=url, rate=200, duration=get_seconds, threads=8), pairs
+                st = open_loop_beside_ingest(
+                    OpenLoopConfig(url=url, rate=200, duration=get_seconds, threads=8),
+                    pairs,
+                    data,
+                    500,
+                    events,
+                    log_dir / "ingest_beside_get",
                 ).latency
-                beside.terminate()
-                beside.wait()
                 p50[rate].append(st.p50_ms)
                 p99[rate].append(st.p99_ms)
                 if rate != "0":
@@ -746,6 +776,12 @@ def main(argv: list[str] | None = None) -> int:
     pipe.add_argument("--events", type=int, default=20_000)
     pipe.add_argument("--window", type=int, default=64)
     pipe.add_argument("--backend", choices=("torch", "onnx"), default="torch")
+    reads = sub.add_parser("reads")
+    reads.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
+    reads.add_argument("--data", type=Path, default=Path("../shared/data/uci/edges.csv.gz"))
+    reads.add_argument("--reps", type=int, default=READS_REPS)
+    reads.add_argument("--seconds", type=float, default=20.0)
+    reads.add_argument("--out", type=Path, default=Path("runs/bench/reads"))
     live = sub.add_parser("live-eval")
     live.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     live.add_argument("--data", type=Path, default=Path("../shared/data/uci/edges.csv.gz"))
@@ -769,6 +805,10 @@ def main(argv: list[str] | None = None) -> int:
         if not backends or set(backends) - {"torch", "onnx"}:
             p.error(f"--backends: a comma-separated list of torch and onnx, not {args.backends!r}")
         print(bench_all(args.checkpoint, args.data, args.doc, args.out, backends, args.workers))
+        return 0
+    if args.what == "reads":
+        rows = bench_reads(args.checkpoint, args.data, args.out, args.reps, args.seconds)
+        print("\n".join(["| figure | value |", "| --- | --- |", *rows]))
         return 0
     if args.what == "live-eval":
         args.out.mkdir(parents=True, exist_ok=True)
