@@ -11,6 +11,8 @@
   of ingest, repeated (reads must not suffer from writes).
 * ``bench gpu``: cold rebuilds, backfill and scoring on a GPU (``loadtests.gpu_bench``);
   its section of the report is kept by ``bench all``.
+* ``bench ingest-costs``: where an ingest's time goes per 1,000 events, and the Redis
+  cost per partition script, entry and blob (``loadtests.ingest_costs``).
 * ``bench pipeline [--redis-url URL]``: the service engine in process on a real
   Redis (started here on a free loopback port when no URL is given): ingest of a
   real stream in batches of 1,000 events, batch scoring of 1,000 pairs from cached
@@ -22,6 +24,7 @@ Figures are measurements on the machine that runs them; tests never assert them.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import shutil
@@ -745,30 +748,26 @@ def bench_all(
     return text
 
 
+# Subcommands with parsers of their own, by module (each has a main(argv)).
+OWN_PARSERS = {
+    "store": "loadtests.store_bench",
+    "gpu": "loadtests.gpu_bench",
+    "cluster": "loadtests.cluster_bench",
+    "ingest-costs": "loadtests.ingest_costs",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Subcommands with their own parsers get every flag after their name (argparse's
     # REMAINDER would stop at a leading option).
-    if argv and argv[0] == "store":
-        from loadtests.store_bench import main as store_main
-
-        return int(store_main(argv[1:]) or 0)
-    if argv and argv[0] == "gpu":
-        from loadtests.gpu_bench import main as gpu_main
-
-        return int(gpu_main(argv[1:]) or 0)
-    if argv and argv[0] == "cluster":
-        from loadtests.cluster_bench import main as cluster_main
-
-        return int(cluster_main(argv[1:]) or 0)
+    if argv and argv[0] in OWN_PARSERS:
+        module = importlib.import_module(OWN_PARSERS[argv[0]])
+        return int(module.main(argv[1:]) or 0)
     p = argparse.ArgumentParser(prog="dygserve bench")
     sub = p.add_subparsers(dest="what", required=True)
-    store = sub.add_parser("store", add_help=False)
-    store.add_argument("rest", nargs=argparse.REMAINDER)
-    gpu = sub.add_parser("gpu", add_help=False)
-    gpu.add_argument("rest", nargs=argparse.REMAINDER)
-    cluster = sub.add_parser("cluster", add_help=False)
-    cluster.add_argument("rest", nargs=argparse.REMAINDER)
+    for name in OWN_PARSERS:  # listed in --help; run above
+        sub.add_parser(name, add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
     pipe = sub.add_parser("pipeline")
     pipe.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     pipe.add_argument("--data", type=Path, default=Path("../shared/data/uci/edges.csv.gz"))
