@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from loadtests.cluster_section import INGEST_COSTS, extract_marked
 from loadtests.cluster_section import extract_section as extract_cluster_section
 from loadtests.gpu_bench import extract_section
 from model.events import NodeEvent, pad_events
@@ -445,12 +446,19 @@ def bench_reads(
     import asyncio
     import statistics
 
+    import redis as redis_lib
+
     from loadtests.open_loop import OpenLoopConfig, open_loop_beside_ingest, pairs_from_csv
     from loadtests.replay_load import LoadConfig, run_load
 
     out.mkdir(parents=True, exist_ok=True)
     proc, redis_url, workdir = _start_redis()
+    redis = redis_lib.Redis.from_url(redis_url)
     stats: dict[int, list[Any]] = {0: [], 500: []}
+    # where a slow answer's time went: inside the handler (its own histogram), and how
+    # often Redis ran a command for more than 1 ms (a GET's read queues behind it)
+    inside: dict[int, list[float]] = {0: [], 500: []}
+    slow_redis: dict[int, list[int]] = {0: [], 500: []}
     try:
         svc, url = _start_service(redis_url, checkpoint, str(out), extra_env=extra_env)
         try:
@@ -472,6 +480,9 @@ def bench_reads(
             row = warm_events
             for _ in range(reps):
                 for rate in stats:
+                    redis.config_set("slowlog-log-slower-than", 1000)  # µs
+                    redis.slowlog_reset()
+                    slow_before = _slow_get_scores(url)
                     report = open_loop_beside_ingest(
                         OpenLoopConfig(url=url, rate=200, duration=seconds, threads=8),
                         pairs,
@@ -482,6 +493,8 @@ def bench_reads(
                     )
                     row += int(rate * (seconds + 10))
                     stats[rate].append(report)
+                    inside[rate].append(_slow_get_scores(url) - slow_before)
+                    slow_redis[rate].append(len(redis.slowlog_get(1000)))
         finally:
             svc.terminate()
             svc.wait(timeout=60)
@@ -503,7 +516,34 @@ def bench_reads(
             f"p95 {med('p95_ms'):.2f} ms, p99 {med('p99_ms'):.2f} ms (p99 runs {min(p99s):.2f} to "
             f"{max(p99s):.2f}), max {med('max_ms'):.1f} ms |"
         )
+    for rate, label in ((0, "alone"), (500, "beside ingest")):
+        total = sum(r.requests for r in stats[rate])
+        rows.append(
+            f"| GETs {label} whose handler itself took over 5 ms (awaited read and read-out; "
+            f"all runs) | {sum(inside[rate]):.0f} of {total:,} "
+            f"({100 * sum(inside[rate]) / max(total, 1):.1f}%) |"
+        )
+        rows.append(
+            f"| Redis commands over 1 ms while GETs ran {label} (SLOWLOG, per run) | "
+            f"{statistics.median(slow_redis[rate]):.0f} |"
+        )
     return rows
+
+
+def _slow_get_scores(url: str) -> float:
+    """How many GET /v1/score calls so far took the handler more than 5 ms (the service's
+    latency histogram: its count minus its 5 ms bucket)."""
+    with DygserveClient(url) as client:
+        text = client.metrics()
+    count = under = 0.0
+    for line in text.splitlines():
+        if 'route="get_score"' not in line:
+            continue
+        if line.startswith("dygserve_score_latency_seconds_count"):
+            count = float(line.split()[-1])
+        elif line.startswith("dygserve_score_latency_seconds_bucket") and 'le="0.005"' in line:
+            under = float(line.split()[-1])
+    return count - under
 
 
 LIVE_EVAL_REPS = 3
@@ -667,6 +707,7 @@ def bench_all(
     out.mkdir(parents=True, exist_ok=True)
     gpu_section = extract_section(doc.read_text()) if doc.exists() else None
     cluster_section = extract_cluster_section(doc.read_text()) if doc.exists() else None
+    ingest_costs_section = extract_marked(doc.read_text(), INGEST_COSTS) if doc.exists() else None
     load_before = os.getloadavg()
     proc, redis_url, workdir = _start_redis()
     sections: list[str] = []
@@ -740,6 +781,8 @@ def bench_all(
             *([gpu_section, ""] if gpu_section else []),
             # So does the cluster section (`dygserve bench cluster`: it starts its own).
             *([cluster_section, ""] if cluster_section else []),
+            # And the reads-beside-writes and ingest-costs figures (written by hand).
+            *([ingest_costs_section, ""] if ingest_costs_section else []),
             GOALS,
         ]
     )
