@@ -429,6 +429,26 @@ def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], object
 READS_REPS = 3
 
 
+def ingest_prefix(url: str, data: Path, events: int) -> Any:
+    """The first ``events`` of ``data`` into the service at ``url``, in batches of 1,000
+    from 2 clients, as fast as it takes them; the replay's report."""
+    import asyncio
+
+    from loadtests.replay_load import LoadConfig, run_load
+
+    config = LoadConfig(
+        url=url,
+        data=str(data),
+        batch_size=1000,
+        concurrency=2,
+        max_events=events,
+        duration=120,
+        score_rate=0,
+        plots=False,
+    )
+    return asyncio.run(run_load(config))[0]
+
+
 def bench_reads(
     checkpoint: Path,
     data: Path,
@@ -443,13 +463,11 @@ def bench_reads(
     times each, alternating, on one service (1 worker) and one Redis started here. The
     first ``warm_events`` UCI events are ingested first, so the pairs read warm states;
     each repetition's ingest continues the stream where the last stopped."""
-    import asyncio
     import statistics
 
     import redis as redis_lib
 
     from loadtests.open_loop import OpenLoopConfig, open_loop_beside_ingest, pairs_from_csv
-    from loadtests.replay_load import LoadConfig, run_load
 
     out.mkdir(parents=True, exist_ok=True)
     proc, redis_url, workdir = _start_redis()
@@ -462,20 +480,7 @@ def bench_reads(
     try:
         svc, url = _start_service(redis_url, checkpoint, str(out), extra_env=extra_env)
         try:
-            asyncio.run(
-                run_load(
-                    LoadConfig(
-                        url=url,
-                        data=str(data),
-                        batch_size=1000,
-                        concurrency=2,
-                        max_events=warm_events,
-                        duration=120,
-                        score_rate=0,
-                        plots=False,
-                    )
-                )
-            )
+            ingest_prefix(url, data, warm_events)
             pairs = pairs_from_csv(data, limit=warm_events)
             row = warm_events
             for _ in range(reps):
@@ -610,13 +615,11 @@ def bench_live_eval(
     Per run: ingest of the first ``events`` UCI events in batches of 1,000 (2 clients),
     then single GET /v1/score at 200 requests/s in an open loop for ``get_seconds``
     while 500 events/s more are ingested beside it (the evaluator has work to do)."""
-    import asyncio
     import statistics
 
     import redis as redis_lib
 
     from loadtests.open_loop import OpenLoopConfig, open_loop_beside_ingest, pairs_from_csv
-    from loadtests.replay_load import LoadConfig, run_load
 
     pairs = pairs_from_csv(data, limit=events)
     rates: dict[str, list[float]] = {"0.01": [], "0": []}
@@ -633,21 +636,7 @@ def bench_live_eval(
                 extra_env={"DYGSERVE_LIVE_EVAL_RATE": rate},
             )
             try:
-                report, _ = asyncio.run(
-                    run_load(
-                        LoadConfig(
-                            url=url,
-                            data=str(data),
-                            batch_size=1000,
-                            concurrency=2,
-                            max_events=events,
-                            duration=120,
-                            score_rate=0,
-                            plots=False,
-                        )
-                    )
-                )
-                rates[rate].append(report.events_per_s)
+                rates[rate].append(ingest_prefix(url, data, events).events_per_s)
                 st = open_loop_beside_ingest(
                     OpenLoopConfig(url=url, rate=200, duration=get_seconds, threads=8),
                     pairs,
