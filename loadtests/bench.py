@@ -7,8 +7,12 @@
   200 requests/s; POST /v1/score with 1,000 pairs), written to the report.
 * ``bench live-eval``: what the live evaluation costs, the HTTP ingest rate and GET
   latency with ``DYGSERVE_LIVE_EVAL_RATE`` at its default and at 0 (part of ``all``).
+* ``bench reads``: single GET /v1/score at 200 requests/s alone and beside 500 events/s
+  of ingest, repeated (reads must not suffer from writes; ``loadtests.reads_bench``).
 * ``bench gpu``: cold rebuilds, backfill and scoring on a GPU (``loadtests.gpu_bench``);
   its section of the report is kept by ``bench all``.
+* ``bench ingest-costs``: where an ingest's time goes per 1,000 events, and the Redis
+  cost per partition script, entry and blob (``loadtests.ingest_costs``).
 * ``bench pipeline [--redis-url URL]``: the service engine in process on a real
   Redis (started here on a free loopback port when no URL is given): ingest of a
   real stream in batches of 1,000 events, batch scoring of 1,000 pairs from cached
@@ -20,6 +24,7 @@ Figures are measurements on the machine that runs them; tests never assert them.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import shutil
@@ -34,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from loadtests.cluster_section import INGEST_COSTS, extract_marked
 from loadtests.cluster_section import extract_section as extract_cluster_section
 from loadtests.gpu_bench import extract_section
 from model.events import NodeEvent, pad_events
@@ -374,46 +380,19 @@ def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], object
     # GET /v1/score open loop at the issue's 200 requests/s (loadtests/open_loop.py: a
     # light threaded client, latency from each request's due time), first alone, then
     # beside 500 events/s of ingest from a replay_load subprocess.
-    from loadtests.open_loop import OpenLoopConfig, pairs_from_csv, run_open_loop
+    from loadtests.open_loop import OpenLoopConfig, open_loop_beside_ingest, pairs_from_csv
 
     pairs = pairs_from_csv(data, limit=30_000)
     for label, event_rate in (("no other traffic", 0), ("with 500 events/s ingest beside it", 500)):
-        bg = None
-        if event_rate:
-            bg = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "loadtests.replay_load",
-                    "--url",
-                    url,
-                    "--data",
-                    str(data),
-                    "--start-row",
-                    "30000",
-                    "--batch-size",
-                    "100",
-                    "--event-rate",
-                    str(event_rate),
-                    "--score-rate",
-                    "0",
-                    "--duration",
-                    "40",
-                    "--concurrency",
-                    "1",
-                    "--out",
-                    str(out / "ingest_beside_get"),
-                    "--no-plots",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            time.sleep(3)
-        open_loop = run_open_loop(OpenLoopConfig(url=url, rate=200, duration=30, threads=8), pairs)
+        open_loop = open_loop_beside_ingest(
+            OpenLoopConfig(url=url, rate=200, duration=30, threads=8),
+            pairs,
+            data,
+            event_rate,
+            30_000,
+            out / "ingest_beside_get",
+        )
         (out / f"get_open_loop_{event_rate}.json").write_text(open_loop.to_json())
-        if bg is not None:
-            bg.terminate()
-            bg.wait()
         st = open_loop.latency
         rows.append(
             f"| single GET /v1/score, open loop at 200 req/s ({open_loop.achieved_rate:,.0f} answered/s, {open_loop.errors} errors), "
@@ -445,6 +424,26 @@ def bench_http(url: str, data: Path, out: Path, reset_store: Callable[[], object
         rate = 20 * 1000 / (time.perf_counter() - start)
     rows.append(f"| HTTP POST /v1/score, 1,000 pairs per request, 1 client | {rate:,.0f} pairs/s |")
     return rows
+
+
+def ingest_prefix(url: str, data: Path, events: int) -> Any:
+    """The first ``events`` of ``data`` into the service at ``url``, in batches of 1,000
+    from 2 clients, as fast as it takes them; the replay's report."""
+    import asyncio
+
+    from loadtests.replay_load import LoadConfig, run_load
+
+    config = LoadConfig(
+        url=url,
+        data=str(data),
+        batch_size=1000,
+        concurrency=2,
+        max_events=events,
+        duration=120,
+        score_rate=0,
+        plots=False,
+    )
+    return asyncio.run(run_load(config))[0]
 
 
 LIVE_EVAL_REPS = 3
@@ -511,13 +510,11 @@ def bench_live_eval(
     Per run: ingest of the first ``events`` UCI events in batches of 1,000 (2 clients),
     then single GET /v1/score at 200 requests/s in an open loop for ``get_seconds``
     while 500 events/s more are ingested beside it (the evaluator has work to do)."""
-    import asyncio
     import statistics
 
     import redis as redis_lib
 
-    from loadtests.open_loop import OpenLoopConfig, pairs_from_csv, run_open_loop
-    from loadtests.replay_load import LoadConfig, run_load
+    from loadtests.open_loop import OpenLoopConfig, open_loop_beside_ingest, pairs_from_csv
 
     pairs = pairs_from_csv(data, limit=events)
     rates: dict[str, list[float]] = {"0.01": [], "0": []}
@@ -534,55 +531,15 @@ def bench_live_eval(
                 extra_env={"DYGSERVE_LIVE_EVAL_RATE": rate},
             )
             try:
-                report, _ = asyncio.run(
-                    run_load(
-                        LoadConfig(
-                            url=url,
-                            data=str(data),
-                            batch_size=1000,
-                            concurrency=2,
-                            max_events=events,
-                            duration=120,
-                            score_rate=0,
-                            plots=False,
-                        )
-                    )
-                )
-                rates[rate].append(report.events_per_s)
-                beside = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "loadtests.replay_load",
-                        "--url",
-                        url,
-                        "--data",
-                        str(data),
-                        "--start-row",
-                        str(events),
-                        "--batch-size",
-                        "100",
-                        "--event-rate",
-                        "500",
-                        "--score-rate",
-                        "0",
-                        "--duration",
-                        str(get_seconds + 5),
-                        "--concurrency",
-                        "1",
-                        "--out",
-                        str(log_dir / "ingest_beside_get"),
-                        "--no-plots",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                time.sleep(2)
-                st = run_open_loop(
-                    OpenLoopConfig(url=url, rate=200, duration=get_seconds, threads=8), pairs
+                rates[rate].append(ingest_prefix(url, data, events).events_per_s)
+                st = open_loop_beside_ingest(
+                    OpenLoopConfig(url=url, rate=200, duration=get_seconds, threads=8),
+                    pairs,
+                    data,
+                    500,
+                    events,
+                    log_dir / "ingest_beside_get",
                 ).latency
-                beside.terminate()
-                beside.wait()
                 p50[rate].append(st.p50_ms)
                 p99[rate].append(st.p99_ms)
                 if rate != "0":
@@ -634,6 +591,7 @@ def bench_all(
     out.mkdir(parents=True, exist_ok=True)
     gpu_section = extract_section(doc.read_text()) if doc.exists() else None
     cluster_section = extract_cluster_section(doc.read_text()) if doc.exists() else None
+    ingest_costs_section = extract_marked(doc.read_text(), INGEST_COSTS) if doc.exists() else None
     load_before = os.getloadavg()
     proc, redis_url, workdir = _start_redis()
     sections: list[str] = []
@@ -707,6 +665,8 @@ def bench_all(
             *([gpu_section, ""] if gpu_section else []),
             # So does the cluster section (`dygserve bench cluster`: it starts its own).
             *([cluster_section, ""] if cluster_section else []),
+            # And the reads-beside-writes and ingest-costs figures (written by hand).
+            *([ingest_costs_section, ""] if ingest_costs_section else []),
             GOALS,
         ]
     )
@@ -715,30 +675,27 @@ def bench_all(
     return text
 
 
+# Subcommands with parsers of their own, by module (each has a main(argv)).
+OWN_PARSERS = {
+    "store": "loadtests.store_bench",
+    "gpu": "loadtests.gpu_bench",
+    "cluster": "loadtests.cluster_bench",
+    "ingest-costs": "loadtests.ingest_costs",
+    "reads": "loadtests.reads_bench",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Subcommands with their own parsers get every flag after their name (argparse's
     # REMAINDER would stop at a leading option).
-    if argv and argv[0] == "store":
-        from loadtests.store_bench import main as store_main
-
-        return int(store_main(argv[1:]) or 0)
-    if argv and argv[0] == "gpu":
-        from loadtests.gpu_bench import main as gpu_main
-
-        return int(gpu_main(argv[1:]) or 0)
-    if argv and argv[0] == "cluster":
-        from loadtests.cluster_bench import main as cluster_main
-
-        return int(cluster_main(argv[1:]) or 0)
+    if argv and argv[0] in OWN_PARSERS:
+        module = importlib.import_module(OWN_PARSERS[argv[0]])
+        return int(module.main(argv[1:]) or 0)
     p = argparse.ArgumentParser(prog="dygserve bench")
     sub = p.add_subparsers(dest="what", required=True)
-    store = sub.add_parser("store", add_help=False)
-    store.add_argument("rest", nargs=argparse.REMAINDER)
-    gpu = sub.add_parser("gpu", add_help=False)
-    gpu.add_argument("rest", nargs=argparse.REMAINDER)
-    cluster = sub.add_parser("cluster", add_help=False)
-    cluster.add_argument("rest", nargs=argparse.REMAINDER)
+    for name in OWN_PARSERS:  # listed in --help; run above
+        sub.add_parser(name, add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
     pipe = sub.add_parser("pipeline")
     pipe.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     pipe.add_argument("--data", type=Path, default=Path("../shared/data/uci/edges.csv.gz"))

@@ -1,16 +1,28 @@
-"""The markers of the cluster section of docs/BENCHMARKS.md (written by
-``dygserve bench cluster``, kept as is by ``bench all``): apart, so that both commands
-import them without importing each other."""
+"""Marked sections of docs/BENCHMARKS.md that ``bench all`` keeps as they are: the
+cluster section (written by ``dygserve bench cluster``) and the ingest-costs section
+(figures of ``bench reads`` and ``bench ingest-costs`` with their reading, written by
+hand). Apart, so that the commands import them without importing each other."""
 
 from __future__ import annotations
 
-SECTION_START = "<!-- cluster-bench:start -->"
-SECTION_END = "<!-- cluster-bench:end -->"
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
+SECTION_START, SECTION_END = markers("cluster-bench")
+INGEST_COSTS = "ingest-costs"
+
+
+def extract_marked(text: str, name: str) -> str | None:
+    """The section ``name`` of a BENCHMARKS.md (markers included), or None."""
+    start, end = markers(name)
+    lo, hi = text.find(start), text.find(end)
+    if lo < 0 or hi < lo:
+        return None
+    return text[lo : hi + len(end)]
 
 
 def extract_section(text: str) -> str | None:
     """The cluster section of a BENCHMARKS.md (markers included), or None."""
-    lo, hi = text.find(SECTION_START), text.find(SECTION_END)
-    if lo < 0 or hi < lo:
-        return None
-    return text[lo : hi + len(SECTION_END)]
+    return extract_marked(text, "cluster-bench")

@@ -140,6 +140,58 @@ def run_open_loop(cfg: OpenLoopConfig, pairs: list[tuple[str, str, float]]) -> O
     )
 
 
+def open_loop_beside_ingest(
+    cfg: OpenLoopConfig,
+    pairs: list[tuple[str, str, float]],
+    data: Path,
+    event_rate: float,
+    start_row: int,
+    out: Path,
+) -> OpenLoopReport:
+    """``run_open_loop`` while ``event_rate`` events/s (0: none) are ingested beside it in
+    batches of 100 by a ``replay_load`` subprocess from row ``start_row`` of ``data`` (its
+    CPU, like the service's, counts against the machine, not against this client)."""
+    import subprocess
+    import sys
+
+    if not event_rate:
+        return run_open_loop(cfg, pairs)
+    beside = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "loadtests.replay_load",
+            "--url",
+            cfg.url,
+            "--data",
+            str(data),
+            "--start-row",
+            str(start_row),
+            "--batch-size",
+            "100",
+            "--event-rate",
+            str(event_rate),
+            "--score-rate",
+            "0",
+            "--duration",
+            str(cfg.duration + 10),
+            "--concurrency",
+            "1",
+            "--out",
+            str(out),
+            "--no-plots",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(2)  # the ingest under way before the first timed request
+        return run_open_loop(cfg, pairs)
+    finally:
+        beside.terminate()
+        beside.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m loadtests.open_loop", description=__doc__.split("\n\n")[0]

@@ -106,7 +106,7 @@ DELEGATED = {
     ),
     "bench": (
         "loadtests.bench",
-        "benchmarks: `bench store`, `bench pipeline`, `bench live-eval`, `bench gpu`, `bench cluster`, `bench all`",
+        "benchmarks: `bench store`, `bench pipeline`, `bench reads`, `bench ingest-costs`, `bench live-eval`, `bench gpu`, `bench cluster`, `bench all`",
     ),
     "export-onnx": (
         "model.onnx.cli",

@@ -91,6 +91,24 @@ def sampled(seqs: np.ndarray, seed: int, rate: float) -> np.ndarray:
     return u.astype(np.float64) / float(1 << 53) < rate
 
 
+def one_copy_per_event(events: list[LoggedEvent]) -> list[LoggedEvent]:
+    """Each event once. A partitioned log (``DYGSERVE_STORE__PARTITIONS`` > 1) logs an
+    event whose endpoints live in two partitions as two copies, each with its own seq
+    and both with the event's id, and an apply hands over both: sampled by seq, an
+    event would be drawn twice as often, and scored twice when both copies are drawn.
+    The copy kept is the one with the lower seq (the same in every process that
+    applies the event). Events without an id (the single-slot log, whose events are
+    one copy each) are all kept."""
+    kept: dict[object, LoggedEvent] = {}
+    for e in events:
+        key = e.event_id or ("", e.seq)
+        first = kept.get(key)
+        if first is None or e.seq < first.seq:
+            kept[key] = e
+    # (a dict keeps the place of an event's first copy when its value is replaced)
+    return events if len(kept) == len(events) else list(kept.values())
+
+
 @dataclass
 class AppliedBatch:
     """What one apply had in hand: per call of ``advance``, the nodes, their blobs
@@ -226,13 +244,14 @@ class LiveEvaluator:
         ref = reference_ap(rt.checkpoint.metrics)
         if ref is not None:
             m.REFERENCE_AP.set(ref)
-        seqs = np.fromiter((e.seq for e in batch.events), dtype=np.int64, count=len(batch.events))
+        events = one_copy_per_event(batch.events)
+        seqs = np.fromiter((e.seq for e in events), dtype=np.int64, count=len(events))
         chosen = np.flatnonzero(sampled(seqs, self.seed, self.rate)).tolist()
         if chosen and not self.budget.allows():
             m.LIVE_SKIPPED.labels(reason="cpu_budget").inc(len(chosen))
         elif chosen:
             with self.budget.spending():
-                self._evaluate(rt, [batch.events[i] for i in chosen], batch.before())
+                self._evaluate(rt, [events[i] for i in chosen], batch.before())
         self._remember_destinations(batch)
 
     def _remember_destinations(self, batch: AppliedBatch) -> None:

@@ -38,18 +38,12 @@ from typing import Any
 
 from redis.crc import key_slot
 
+from .append_script import APPEND_PART_LUA, header_args, outcome, previous_seqs, refusal_reason
 from .base import AppendResult, LoggedEvent, NewEvent, StoreUnavailable
-from .common import decode_event, encode_tail, event_ids, event_time, future_reason, late_reason
+from .common import decode_event, encode_tail, event_ids, event_time
 from .faults import BEFORE_COMMIT, BETWEEN_PARTITION_APPENDS, fault_active, maybe_crash
 from .layout import claim_partitions
-from .partition_scripts import (
-    APPEND_PART_LUA,
-    DECIDE_LUA,
-    FINISH_LUA,
-    MARK_PART_LUA,
-    READ_COMMITTED_LUA,
-    READ_LOG_PART_LUA,
-)
+from .partition_scripts import DECIDE_LUA, FINISH_LUA, READ_COMMITTED_LUA
 from .redis_store import RedisStore, _guard, _ms
 from .versions import ServingModel, ServingState, VersionMarks
 
@@ -114,25 +108,6 @@ class InDoubt:
     other: int  # the other copy's partition
 
 
-def _outcome(r: Any) -> tuple[str, Any]:
-    """A partition's answer for one event: ("seq", seq) | ("dup",) | ("late", raw) |
-    ("future", raw) | ("fenced",)."""
-    if isinstance(r, int):
-        return ("seq", r)
-    code = int(r[0])
-    if code == -4:
-        return ("seq", int(r[1]))
-    if code == -1:
-        return ("dup", None)
-    if code == -2:
-        return ("late", r)
-    if code == -3:
-        return ("future", r)
-    if code == -5:
-        return ("fenced", None)
-    raise RuntimeError(f"partition append returned {r!r}")  # pragma: no cover
-
-
 class PartitionedRedisStore(RedisStore):
     """``RedisStore`` with the log split into ``config.partitions`` partitions."""
 
@@ -150,8 +125,6 @@ class PartitionedRedisStore(RedisStore):
                 "decide": DECIDE_LUA,
                 "finish": FINISH_LUA,
                 "read_committed": READ_COMMITTED_LUA,
-                "mark_part": MARK_PART_LUA,
-                "read_log_part": READ_LOG_PART_LUA,
             }
         )
         self._sha = {k: hashlib.sha1(v.encode()).hexdigest() for k, v in self._scripts.items()}
@@ -210,17 +183,10 @@ class PartitionedRedisStore(RedisStore):
                 number.setdefault(ev.dst, len(number) + 1)
         keys = [k.counter, k.log, k.pending, k.lt, k.tmax, k.eids, k.doubt, k.fence]
         keys += [k.history + n.encode() for n in number]
-        args: list[Any] = [
-            len(rows),
-            _ms(cfg.dedupe_ttl_s),
-            cfg.history_cap,
-            "" if cfg.max_future_skew is None else repr(float(cfg.max_future_skew)),
-            len(number),
-            self.partitions,
-            p,
-            nonce,
-            *number,
-        ]
+        args = header_args(
+            len(rows), number, _ms(cfg.dedupe_ttl_s), cfg.history_cap, cfg.max_future_skew
+        )
+        args += [self.partitions, p, nonce, *number]
         for i in rows:
             ev, (ps, pd) = events[i], parts[i]
             cross = ps != pd
@@ -270,9 +236,7 @@ class PartitionedRedisStore(RedisStore):
                     ids = {x.decode() for x in out[1]}
                     blocked += self._doubts_of(p, ids)
                     continue
-                prev = out.pop()
-                for j in range(0, len(prev), 2):
-                    previous[prev[j].decode()] = int(prev[j + 1])
+                previous.update(previous_seqs(out.pop()))
                 answers[p] = dict(zip(rows[p], out, strict=True))
             if not retry:
                 break
@@ -287,7 +251,7 @@ class PartitionedRedisStore(RedisStore):
             for p, got in answers.items():
                 for i, r in got.items():
                     ps, pd = parts[i]
-                    if ps != pd and _outcome(r)[0] == "seq":
+                    if ps != pd and outcome(r)[0] == "seq":
                         node = events[i].src if p == ps else events[i].dst
                         aborts.setdefault(p, []).append((eids[i], node))
             if aborts:
@@ -314,22 +278,18 @@ class PartitionedRedisStore(RedisStore):
         def refuse(i: int, kind: str, raw: Any) -> None:
             if kind == "dup":
                 result.duplicates.append(i)
-            elif kind == "late":
-                node = raw[1].decode() if isinstance(raw[1], bytes) else raw[1]
-                result.late.append((i, late_reason(times[i], float(raw[2]), node)))
-            elif kind == "future":
-                skew = float(cfg.max_future_skew or 0.0)
-                result.late.append((i, future_reason(times[i], float(raw[1]), skew)))
+            else:
+                result.late.append((i, refusal_reason(kind, raw, times[i], cfg.max_future_skew)))
 
         for i, (ps, pd) in enumerate(parts):
-            a = _outcome(answers[ps][i])
+            a = outcome(answers[ps][i])
             if ps == pd:
                 if a[0] == "seq":
                     result.seqs[i] = a[1]
                 else:
                     refuse(i, a[0], a[1])
                 continue
-            b = _outcome(answers[pd][i])
+            b = outcome(answers[pd][i])
             if a[0] == "seq" and b[0] == "seq":
                 result.seqs[i] = a[1]
                 result.other_seqs[i] = b[1]
@@ -509,7 +469,7 @@ class PartitionedRedisStore(RedisStore):
         calls = []
         for p, k in enumerate(self._parts):
             first_c = max(1, (int(after_seq) - p) // P + 1)
-            calls.append(("read_log_part", [k.log, k.log_first], [first_c, int(count)]))
+            calls.append(("read_log", [k.log, k.log_first], [first_c, int(count)]))
         pages = [[decode_event(m) for m in page if m != b"x"] for page in self._part_call(calls)]
         merged = [e for e in heapq.merge(*pages) if e.seq > after_seq]
         return merged[:count]
@@ -544,7 +504,7 @@ class PartitionedRedisStore(RedisStore):
             k = self._parts[p]
             calls.append(
                 (
-                    "mark_part",
+                    "mark",
                     [k.pending, k.log, k.counter, k.log_first, k.vmarks],
                     [
                         keep,

@@ -50,6 +50,7 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
+from .append_script import APPEND_LUA, header_args, outcome, previous_seqs, refusal_reason
 from .base import (
     AppendResult,
     LoggedEvent,
@@ -60,153 +61,16 @@ from .base import (
     WriteOutcome,
 )
 from .blob_header import pack_watermark
-from .common import (
-    decode_event,
-    encode_tail,
-    event_ids,
-    event_time,
-    future_reason,
-    late_reason,
-)
+from .common import decode_event, encode_tail, event_ids, event_time
 from .config import RedisStoreConfig
 from .layout import claim_partitions
+from .log_scripts import MARK_LUA, READ_LOG_LUA
 from .versions import ServingModel, ServingState, VersionMarks
 
 # --------------------------------------------------------------------------------------
-# Lua scripts. Every key they touch is in KEYS (cluster routing and correctness).
-
-# KEYS: 1 seq, 2 stream, 3 pending, 4 lt, 5 tmax, 6 eids; then 6 + j: history of node j
-# ARGV: 1 n, 2 dedupe ttl ms ('' = forever), 3 history cap, 4 future skew ('' = off),
-#       5 m (distinct endpoints); 5 + j: name of node j (j = 1..m, the order of KEYS);
-#       then per event i: src j, dst j, t (repr), tail (the JSON after the seq), the
-#       client's event id ('' for an id the store assigned: unique, so never looked up)
-# Returns per event: seq | {-1} duplicate | {-2, node, last_t} late | {-3, tmax} future;
-# then one more element: {node, previous seq, ...} for every endpoint of a logged event
-# (its last logged seq before this batch, -1 if none).
-# Per event only what must be per event is a command (the dedupe ZSCORE of a client id);
-# the counter, the late-check times, the histories (one ZADD per node), the pending set,
-# the dedupe marks and the history trims are read once per node or written once per
-# batch. Nodes travel once per batch, events refer to them by number: a batch on a
-# few hubs sends a fraction of the strings. Dedupe marks are members of one sorted set
-# scored by expiry (a key per event with PX cost ~4x as much per event); expired ones
-# are dropped first, so any member is live.
-# The shebang makes it a Redis 7 script with flags (none): one that may write and is
-# not "allow-oom", so a full Redis (maxmemory under noeviction) refuses the whole call
-# with OOM before it runs. Without it Redis checks memory only at the script's first
-# write of a "denyoom" command, and the ZREMRANGEBYSCORE below (a write, not denyoom)
-# comes first and lets every later write through: the log then grew past maxmemory.
-APPEND_LUA = """#!lua
-local n = tonumber(ARGV[1])
-local ttl = ARGV[2]
-local cap = tonumber(ARGV[3])
-local skew = ARGV[4]
-local m = tonumber(ARGV[5])
-local tmax_s = redis.call('GET', KEYS[5])
-local tmax = nil
-if tmax_s then tmax = tonumber(tmax_s) end
-local tmax_changed = false
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now_ms)
-local expiry = '+inf'
-if ttl ~= '' then expiry = string.format('%d', now_ms + tonumber(ttl)) end
-local seen = {}
-local marks = {}
-local seq0 = tonumber(redis.call('GET', KEYS[1]) or '0')
-local seq = seq0
--- per node j: time of its last logged event (number and exact string; false: none),
--- and the history entries this batch adds (nil while it has none)
-local lt_t, lt_s, added = {}, {}, {}
-local pend = {}
-local logged = {}
-local out = {}
-local function last_time(j)
-  local v = lt_t[j]
-  if v == nil then
-    local s = redis.call('HGET', KEYS[4], ARGV[5 + j])
-    if s then v = tonumber(s); lt_s[j] = s else v = false end
-    lt_t[j] = v
-  end
-  return v
-end
-local function add_to_history(j, seq_s, entry, t, ts)
-  local a = added[j]
-  if a == nil then a = {}; added[j] = a end
-  a[#a + 1] = seq_s
-  a[#a + 1] = entry
-  lt_t[j] = t
-  lt_s[j] = ts
-end
-local function write_chunked(cmd, key, flat)
-  for i = 1, #flat, 1000 do
-    redis.call(cmd, key, unpack(flat, i, math.min(i + 999, #flat)))
-  end
-end
-local ab = 5 + m
-for i = 1, n do
-  local sj, dj, ts, tail, eid = tonumber(ARGV[ab + 1]), tonumber(ARGV[ab + 2]), ARGV[ab + 3], ARGV[ab + 4], ARGV[ab + 5]
-  ab = ab + 5
-  local t = tonumber(ts)
-  if eid ~= '' and (seen[eid] or redis.call('ZSCORE', KEYS[6], eid)) then
-    out[i] = {-1}
-  else
-    local late = nil
-    local ls = last_time(sj)
-    if ls and t < ls then late = {-2, ARGV[5 + sj], lt_s[sj]} end
-    if (not late) and dj ~= sj then
-      local ld = last_time(dj)
-      if ld and t < ld then late = {-2, ARGV[5 + dj], lt_s[dj]} end
-    end
-    if late then
-      out[i] = late
-    elseif skew ~= '' and tmax and t > tmax + tonumber(skew) then
-      out[i] = {-3, tmax_s}
-    else
-      seq = seq + 1
-      local seq_s = string.format('%d', seq)
-      local entry = '[' .. seq_s .. tail
-      logged[#logged + 1] = entry
-      pend[#pend + 1] = seq_s
-      pend[#pend + 1] = entry
-      add_to_history(sj, seq_s, entry, t, ts)
-      if dj ~= sj then add_to_history(dj, seq_s, entry, t, ts) end
-      if eid ~= '' then
-        seen[eid] = true
-        marks[#marks + 1] = expiry
-        marks[#marks + 1] = eid
-      end
-      if (not tmax) or t > tmax then
-        tmax = t
-        tmax_s = ts
-        tmax_changed = true
-      end
-      out[i] = seq
-    end
-  end
-end
-if seq ~= seq0 then redis.call('SET', KEYS[1], string.format('%d', seq)) end
-if tmax_changed then redis.call('SET', KEYS[5], tmax_s) end
-write_chunked('RPUSH', KEYS[2], logged)
-write_chunked('ZADD', KEYS[3], pend)
-write_chunked('ZADD', KEYS[6], marks)
-local times, previous = {}, {}
-for j = 1, m do
-  local a = added[j]
-  if a then
-    local key, node = KEYS[6 + j], ARGV[5 + j]
-    local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    previous[#previous + 1] = node
-    if #top > 0 then previous[#previous + 1] = tonumber(top[2]) else previous[#previous + 1] = -1 end
-    write_chunked('ZADD', key, a)
-    redis.call('ZREMRANGEBYRANK', key, 0, -(cap + 1))
-    times[#times + 1] = node
-    times[#times + 1] = lt_s[j]
-  end
-end
-write_chunked('HSET', KEYS[4], times)
-out[n + 1] = previous
-return out
-"""
+# Lua scripts. Every key they touch is in KEYS (cluster routing and correctness). The
+# log's scripts are shared with the partitioned log: state_store.append_script (append)
+# and state_store.log_scripts (mark, read_log).
 
 # Compare-and-set of state blobs on their watermark (header bytes 32..47: t_last f64,
 # last_seq i64, little-endian). The comparison is on the exact 16 bytes (GETRANGE, so
@@ -238,49 +102,6 @@ for i = 1, #KEYS do
   end
 end
 return out
-"""
-
-# KEYS: 1 pending, 2 log, 3 seq, 4 log_first, 5 vmarks. ARGV: 1 log_keep, 2 the model
-# version that applied them ('' = none), then pairs lo, hi: ranges of seqs applied.
-# Removes them from pending, raises the version's mark to the highest seq (in the same
-# step, so a mark never lags the events it describes), then trims the log below the
-# lowest pending seq, keeping at least log_keep newest entries (the log holds the
-# contiguous seq range log_first .. seq).
-MARK_LUA = """
-local top = -1
-for i = 3, #ARGV, 2 do
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], ARGV[i], ARGV[i + 1])
-  local hi = tonumber(ARGV[i + 1])
-  if hi > top then top = hi end
-end
-if ARGV[2] ~= '' and top >= 0 then
-  local cur = tonumber(redis.call('HGET', KEYS[5], ARGV[2]) or '-1')
-  if top > cur then redis.call('HSET', KEYS[5], ARGV[2], string.format('%d', top)) end
-end
-local last = tonumber(redis.call('GET', KEYS[3]) or '0')
-local bound = last + 1
-local low = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if #low > 0 then bound = tonumber(low[2]) end
-local keep_from = last - tonumber(ARGV[1]) + 1
-if keep_from < bound then bound = keep_from end
-local first = tonumber(redis.call('GET', KEYS[4]) or '1')
-if bound > first then
-  redis.call('LTRIM', KEYS[2], bound - first, -1)
-  redis.call('SET', KEYS[4], string.format('%d', bound))
-  return bound - first
-end
-return 0
-"""
-
-# KEYS: 1 log, 2 log_first. ARGV: 1 after seq, 2 count. The logged events with
-# seq > after (at most count), oldest first; one script so a concurrent trim cannot
-# shift the list between reading log_first and the range.
-READ_LOG_LUA = """
-local first = tonumber(redis.call('GET', KEYS[2]) or '1')
-local start = tonumber(ARGV[1]) + 1
-if start < first then start = first end
-local i = start - first
-return redis.call('LRANGE', KEYS[1], i, i + tonumber(ARGV[2]) - 1)
 """
 
 # redis-py's classes for conditions with a name, most specific first (BusyLoadingError
@@ -634,14 +455,10 @@ class RedisStore(StateStore):
             self._k_eids,
         ]
         keys += [self.history_key(node) for node in number]
-        args: list[Any] = [
-            len(events),
-            _ms(cfg.dedupe_ttl_s),
-            cfg.history_cap,
-            "" if cfg.max_future_skew is None else _fmt_float(cfg.max_future_skew),
-            len(number),
-            *number,
-        ]
+        args: list[Any] = header_args(
+            len(events), number, _ms(cfg.dedupe_ttl_s), cfg.history_cap, cfg.max_future_skew
+        )
+        args += number
         times, eids = [], event_ids(events)
         for ev, eid in zip(events, eids, strict=True):
             t = event_time(ev.t)
@@ -656,26 +473,16 @@ class RedisStore(StateStore):
             ]
         out = self._evalsha("append", keys, args)
         result = AppendResult(seqs=[None] * len(events), event_ids=eids)
-        previous = out.pop()
-        result.previous_seq = {
-            previous[j].decode(): int(previous[j + 1]) for j in range(0, len(previous), 2)
-        }
+        result.previous_seq = previous_seqs(out.pop())
         for i, r in enumerate(out):
-            if isinstance(r, int):  # logged: its seq
+            if isinstance(r, int):  # logged: its seq (the common case, read inline)
                 result.seqs[i] = r
                 continue
-            code = int(r[0])
-            if code == -1:
+            kind, raw = outcome(r)
+            if kind == "dup":
                 result.duplicates.append(i)
-            elif code == -2:
-                node = r[1].decode() if isinstance(r[1], bytes) else r[1]
-                result.late.append((i, late_reason(times[i], float(r[2]), node)))
-            elif code == -3:
-                result.late.append(
-                    (i, future_reason(times[i], float(r[1]), float(cfg.max_future_skew or 0.0)))
-                )
-            else:  # pragma: no cover
-                raise RuntimeError(f"append script returned {r!r}")
+            else:
+                result.late.append((i, refusal_reason(kind, raw, times[i], cfg.max_future_skew)))
         return result
 
     @_guard
@@ -711,7 +518,7 @@ class RedisStore(StateStore):
         if count <= 0:
             return []
         ms = self._evalsha(
-            "read_log", [self._k_log, self._k_log_first], [max(int(after_seq), 0), int(count)]
+            "read_log", [self._k_log, self._k_log_first], [max(int(after_seq), 0) + 1, int(count)]
         )
         return [decode_event(m) for m in ms]
 
@@ -742,6 +549,8 @@ class RedisStore(StateStore):
             [
                 self.config.log_keep,
                 version or "",
+                1,  # P and p of the single-slot log (log_scripts: seq = c * P + p)
+                0,
                 *(x for lo, hi in _ranges(seqs) for x in (lo, hi)),
             ],
         )

@@ -33,9 +33,11 @@ def runtime() -> ModelRuntime:
     return ModelRuntime(load_checkpoint(DEFAULT_CHECKPOINT))
 
 
-def replay_with_evaluator(runtime, url: str, record, seed: int, events) -> list[dict]:
-    engine = Engine(runtime, make_store(url))
-    evaluator = LiveEvaluator(RATE, K, window=10_000, seed=seed, record=record)
+def replay_with_evaluator(
+    runtime, url: str, record, seed: int, events, rate: float = RATE, **store_options
+) -> list[dict]:
+    engine = Engine(runtime, make_store(url, **store_options))
+    evaluator = LiveEvaluator(rate, K, window=10_000, seed=seed, record=record)
     engine.apply_watch = evaluator.watch
     try:
         for lo in range(0, len(events), 250):  # cuts that ignore timestamp groups
@@ -136,3 +138,38 @@ def test_past_its_cpu_budget_the_evaluator_skips_and_counts(runtime, redis_serve
     assert scored + sum(skipped.values()) == len(events)  # rate 1: every event sampled
     assert skipped["cpu_budget"] >= len(events) / 2  # most batches refused
     assert scored > 0
+
+
+def test_an_event_logged_in_two_partitions_is_sampled_once(
+    runtime, redis_cluster, redis_server, tmp_path
+):
+    """With the partitioned log (P = 16 on a 3-master cluster) nearly every event is
+    logged as two copies with two seqs; at rate 1 every event must be sampled once (not
+    once per copy), and each sample scored from the same states as on one Redis."""
+    events = [
+        {"src": e.src, "dst": e.dst, "t": e.t, "event_id": f"ev-{i}"}
+        for i, e in enumerate(uci_events(1000))
+    ]
+    reasons = ("not_visible", "few_destinations", "cpu_budget")
+    before = {r: counter("dygserve_live_eval_skipped_total", reason=r) for r in reasons}
+    samples_before = counter("dygserve_live_eval_samples_total")
+    redis_cluster.flush()
+    parted = replay_with_evaluator(
+        runtime, redis_cluster.url, tmp_path / "p16.jsonl", SEED, events, 1.0, partitions=16
+    )
+    skipped = sum(
+        counter("dygserve_live_eval_skipped_total", reason=r) - before[r] for r in reasons
+    )
+    scored = counter("dygserve_live_eval_samples_total") - samples_before
+    assert scored == len(parted)
+    assert scored + skipped == len(events)  # once per event, not once per copy
+    ids = [s["event_id"] for s in parted]
+    assert len(ids) == len(set(ids))
+
+    redis_server.flush()
+    single = replay_with_evaluator(
+        runtime, redis_server.url, tmp_path / "p1.jsonl", SEED, events, 1.0
+    )
+    assert sorted(ids) == sorted(s["event_id"] for s in single)  # the same events scored
+    by_id = {s["event_id"]: s["logit"] for s in single}
+    assert max(abs(s["logit"] - by_id[s["event_id"]]) for s in parted) <= 1e-4

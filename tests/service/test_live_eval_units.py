@@ -8,9 +8,10 @@ import pytest
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from model.checkpoint import load_checkpoint
-from service.live_eval import reference_ap, sampled
+from service.live_eval import one_copy_per_event, reference_ap, sampled
 from service.rolling_quality import RollingQuality
 from service.settings import DEFAULT_CHECKPOINT
+from state_store.base import LoggedEvent
 
 
 def test_sample_is_a_deterministic_function_of_seq_and_seed():
@@ -64,3 +65,15 @@ def test_reference_ap_is_the_bundled_checkpoints_test_ap():
     assert ap == metrics["evaluation"]["test"]["transductive"]["random"]["ap"]
     assert 0.9 < ap < 1.0
     assert reference_ap({}) is None
+
+
+def test_an_event_logged_as_two_copies_counts_once_by_its_lower_seq():
+    def ev(seq: int, eid: str) -> LoggedEvent:
+        return LoggedEvent(seq, "a", "b", 1.0, (), eid)
+
+    # copies of "x" (seqs 35 and 18 of a 16-partition log), "y" once, two id-less events
+    batch = [ev(35, "x"), ev(7, "y"), ev(18, "x"), ev(3, ""), ev(4, "")]
+    kept = one_copy_per_event(batch)
+    assert [(e.seq, e.event_id) for e in kept] == [(18, "x"), (7, "y"), (3, ""), (4, "")]
+    single = [ev(1, "p"), ev(2, "q"), ev(3, "")]
+    assert one_copy_per_event(single) is single  # the single-slot log: nothing to drop

@@ -383,10 +383,9 @@ def test_two_resolvers_at_once_reach_one_decision(cluster_url: str) -> None:
 def test_a_master_killed_and_restarted_mid_ingest_loses_and_doubles_nothing(
     tmp_path: Path, advance: ModelAdvance, events: list[NewEvent]
 ) -> None:
-    import signal as sig
     import threading
 
-    from tests.support.redis_server import cluster_node_args, start_cluster, start_redis
+    from tests.support.redis_server import kill_and_restart, start_cluster
 
     cluster = start_cluster(tmp_path / "aof-cluster", appendfsync="always")
     try:
@@ -401,14 +400,7 @@ def test_a_master_killed_and_restarted_mid_ingest_loses_and_doubles_nothing(
         deadline = time.monotonic() + 120
         while not store.pending(1) and time.monotonic() < deadline:
             time.sleep(0.02)
-        victim = cluster.servers[1]
-        victim.proc.send_signal(sig.SIGKILL)  # a master dies mid-ingest (AOF fsync always)
-        victim.proc.wait(10)
-        time.sleep(1.0)
-        d = victim.workdir.parent
-        cluster.servers[1] = start_redis(
-            d, port=victim.port, extra_args=cluster_node_args(d), appendfsync="always"
-        )
+        kill_and_restart(cluster, 1)  # a master dies mid-ingest (AOF fsync always)
         th.join(300)
         assert not th.is_alive() and out, "the writer did not finish"
         assert out["retried"] >= 1  # it did meet the dead master

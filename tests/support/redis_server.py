@@ -13,6 +13,7 @@ already run on 6379.
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -178,6 +179,20 @@ def cluster_node_args(d: Path) -> list[str]:
         "--cluster-node-timeout",
         "2000",
     ]
+
+
+def kill_and_restart(cluster: RedisClusterServers, i: int, down_s: float = 1.0) -> None:
+    """SIGKILL master ``i`` (mid-work: nothing flushed beyond what its AOF policy wrote),
+    leave it down for ``down_s``, and start it again on its port, files and cluster
+    config (with AOF ``always``, so nothing it acknowledged is lost)."""
+    victim = cluster.servers[i]
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    time.sleep(down_s)
+    d = victim.workdir.parent
+    cluster.servers[i] = start_redis(
+        d, port=victim.port, extra_args=cluster_node_args(d), appendfsync="always"
+    )
 
 
 def start_cluster(
