@@ -642,9 +642,12 @@ DIFFERENCES = """## How our setting differs from the paper's
   gradient); one random training destination per positive; BCE; Adam, lr 1e-3; gradient clipping 1.0; early
   stopping on the *streaming* validation AP. The paper: lr 1e-4, 100 epochs, patience 20, 5 seeds. Ours: 1 seed,
   2-8 epochs (the budget column), so every row is a reduced budget and a lower bound on what this model can do.
-- **Visibility.** Ours is "exact": a query at t sees every event with time < t and nothing at >= t, in training and
+- **Visibility.** "Exact" by default: a query at t sees every event with time < t and nothing at >= t, in training and
   in evaluation. The paper's neighbour sampling is also strictly-before-t, so this matches; memory models (TGN,
-  JODIE) update once per batch of 200 and see less (`--visibility batch` reproduces that for comparison).
+  JODIE) and TPNet update once per batch of 200: on continuous-time streams they see less, on snapshot streams
+  (thousands of events per timestamp) they see the earlier batches of the query's own timestamp. On snapshot
+  streams the trainer picks that "batch" visibility itself and the row is evaluated with it
+  (`docs/results/visibility-experiments.md`).
 - **Protocol.** DyGLib's split (70/15/15 time quantiles; 10% of all nodes, drawn among the nodes active after the
   validation time with `random.seed(2020)`, are held out of training for the inductive setting -- drawn from our
   sorted list of id strings, so the held-out set is not DyGLib's exact one), DyGLib's negative samplers (random
