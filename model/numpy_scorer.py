@@ -69,8 +69,8 @@ def pair_features(
 ) -> np.ndarray:
     """``pair_features.pair_features`` on numpy arrays (same order of columns)."""
     tau_col = tau[:, None]
-    ok_u = (nbr_u != PAD_KEY) & (nbr_t_u < tau_col)
-    ok_v = (nbr_v != PAD_KEY) & (nbr_t_v < tau_col)
+    ok_u = (nbr_u != PAD_KEY) & (nbr_t_u <= tau_col)
+    ok_v = (nbr_v != PAD_KEY) & (nbr_t_v <= tau_col)
     v_in_u = (nbr_u == key_v[:, None]) & ok_u
     u_in_v = (nbr_v == key_u[:, None]) & ok_v
     len_u = nbr_u.shape[1]
@@ -111,7 +111,7 @@ def latest_visible_neighbours(
     nbr: np.ndarray, nbr_t: np.ndarray, tau: np.ndarray, depth: int
 ) -> np.ndarray:
     """``pair_features.latest_visible_neighbours`` on numpy arrays."""
-    ok = (nbr != PAD_KEY) & (nbr_t < tau[:, None])
+    ok = (nbr != PAD_KEY) & (nbr_t <= tau[:, None])
     from_newest = np.cumsum(ok[:, ::-1], axis=1, dtype=np.int32)[:, ::-1]
     out = np.full((len(nbr), depth), PAD_KEY, dtype=np.int64)
     for k in range(depth):

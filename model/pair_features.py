@@ -1,8 +1,13 @@
 """Pair and node-activity features for the link head, from recent-neighbour lists.
 
 Each node keeps its last L neighbours with their times (oldest first, padded with
-key -1). For a query (u, v, tau) the features use only neighbours with time < tau,
-so a query never sees events at or after its own time:
+key -1). For a query (u, v, tau) the features use only neighbours with time <= tau,
+as the node states hold every applied event up to tau. What has been applied is the
+caller's choice of visibility: the exact evaluator scores a timestamp's queries before
+it applies that timestamp's events (so nothing at tau is in the lists), batch
+visibility and a live service have applied the earlier events of the same timestamp,
+and those count (on snapshot streams, the snapshot so far). Entries after tau (a
+query clamped behind a node's last event) never count:
 
 * how often v appears in u's list and u in v's list (repeat-edge signal),
 * the common-neighbour mass sum_w min(cnt_u[w], cnt_v[w]) (DyGFormer co-occurrence),
@@ -46,8 +51,8 @@ def pair_features(
     norm: TimeNormalisation,
 ) -> torch.Tensor:
     tau_col = tau.to(torch.float64).unsqueeze(1)
-    ok_u = (nbr_u != PAD_KEY) & (nbr_t_u < tau_col)
-    ok_v = (nbr_v != PAD_KEY) & (nbr_t_v < tau_col)
+    ok_u = (nbr_u != PAD_KEY) & (nbr_t_u <= tau_col)
+    ok_v = (nbr_v != PAD_KEY) & (nbr_t_v <= tau_col)
     okf_u, okf_v = ok_u.to(torch.float32), ok_v.to(torch.float32)
 
     v_in_u = (nbr_u == key_v.unsqueeze(1)) & ok_u
@@ -109,9 +114,9 @@ def pair_features(
 def latest_visible_neighbours(
     nbr: torch.Tensor, nbr_t: torch.Tensor, tau: torch.Tensor, depth: int
 ) -> torch.Tensor:
-    """(N, depth) keys of each node's latest ``depth`` neighbours with time < tau, newest
+    """(N, depth) keys of each node's latest ``depth`` neighbours with time <= tau, newest
     first, PAD_KEY where there are fewer."""
-    ok = (nbr != PAD_KEY) & (nbr_t < tau.to(torch.float64).unsqueeze(1))
+    ok = (nbr != PAD_KEY) & (nbr_t <= tau.to(torch.float64).unsqueeze(1))
     # How many visible slots sit at or after each slot: 1 marks the newest visible one.
     from_newest = torch.flip(torch.cumsum(torch.flip(ok.to(torch.int32), [1]), 1), [1])
     out = []

@@ -89,6 +89,13 @@ def validation_ap(
     return m["val"]["transductive"]["random"]
 
 
+def trained_visibility(checkpoint_metrics: dict[str, Any]) -> str:
+    """The visibility a checkpoint was trained with ("exact" for one that does not say):
+    evaluate the way the model was trained (DESIGN: "Train with the visibility you
+    evaluate with")."""
+    return str(checkpoint_metrics.get("visibility") or "exact")
+
+
 # ===================================================================== CLI
 def wants_node_evaluation(argv: Sequence[str]) -> bool:
     """``--task node-classification``, or no ``--task`` and a checkpoint with a node head
@@ -137,7 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--out", default=None, help="output folder (default: a new folder beside the checkpoint)"
     )
-    ap.add_argument("--visibility", choices=("exact", "batch"), default="exact")
+    ap.add_argument(
+        "--visibility",
+        choices=("exact", "batch"),
+        default=None,
+        help="default: the visibility the checkpoint was trained with (its metrics.json), else exact",
+    )
     ap.add_argument(
         "--write-scores",
         default=None,
@@ -205,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tuple(args.settings.split(",")),
         tuple(args.strategies.split(",")),
         args.mrr_k,
-        args.visibility,
+        args.visibility or trained_visibility(ckpt.metrics),
         progress=True,
     )
     metrics["checkpoint"] = str(Path(args.checkpoint).resolve())

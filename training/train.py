@@ -308,7 +308,7 @@ def train(
     seed: int = 0,
     patience: int = DEFAULT_PATIENCE,
     max_events: int | None = None,
-    visibility: str = "exact",
+    visibility: str | None = None,
     resume: bool = False,
     window: int = 16,
     progress: bool = True,
@@ -318,8 +318,11 @@ def train(
     historical_negatives: float | None = None,
     auto: bool = True,
 ) -> str:
-    """Train on ``data_path``; save the best-validation checkpoint to ``out_dir``; return its version."""
-    if visibility not in ("exact", "batch"):
+    """Train on ``data_path``; save the best-validation checkpoint to ``out_dir``; return its version.
+
+    ``visibility`` None: chosen from the training split (``auto_config``; exact unless
+    the stream comes in snapshots)."""
+    if visibility not in (None, "exact", "batch"):
         raise ValueError("visibility must be 'exact' or 'batch'")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -340,12 +343,15 @@ def train(
     # anything the caller set explicitly wins. A full ModelConfig is explicit throughout.
     profile = StreamProfile.of(data.src[train_events], data.dst[train_events], data.t[train_events])
     chosen = (
-        choose_settings(profile, overrides, historical_negatives)
+        choose_settings(profile, overrides, historical_negatives, visibility)
         if auto and not isinstance(config, ModelConfig)
-        else AutoSettings(historical_negatives=historical_negatives or 0.0)
+        else AutoSettings(
+            historical_negatives=historical_negatives or 0.0, visibility=visibility or "exact"
+        )
     )
     overrides = {**chosen.config, **overrides}
     historical_negatives = chosen.historical_negatives
+    visibility = chosen.visibility
     cfg = ModelConfig().with_updates(
         **overrides,
         edge_feature_dim=data.feature_dim,
@@ -561,7 +567,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=16,
         help="events re-scanned before each batch (gradient window)",
     )
-    ap.add_argument("--visibility", choices=("exact", "batch"), default="exact")
+    ap.add_argument(
+        "--visibility",
+        choices=("exact", "batch"),
+        default=None,
+        help="what a query sees of its own timestamp; default: chosen from the training split"
+        " (training/auto_config.py: batch on snapshot streams, else exact)",
+    )
     ap.add_argument(
         "--historical-negatives",
         type=float,

@@ -22,12 +22,12 @@ def span(x: float) -> float:
 
 
 def reference(ku, kv, tau, nu, tu, nv, tv, n_u, n_v, last_u, last_v) -> list[float]:
-    seen_u = [k for k, t in zip(nu, tu, strict=True) if k != PAD_KEY and t < tau]
-    seen_v = [k for k, t in zip(nv, tv, strict=True) if k != PAD_KEY and t < tau]
+    seen_u = [k for k, t in zip(nu, tu, strict=True) if k != PAD_KEY and t <= tau]
+    seen_v = [k for k, t in zip(nv, tv, strict=True) if k != PAD_KEY and t <= tau]
     cu, cv = Counter(seen_u), Counter(seen_v)
     common = sum(min(cu[w], cv[w]) for w in cu)
-    uv_times = [t for k, t in zip(nu, tu, strict=True) if k == kv and k != PAD_KEY and t < tau]
-    uv_times += [t for k, t in zip(nv, tv, strict=True) if k == ku and k != PAD_KEY and t < tau]
+    uv_times = [t for k, t in zip(nu, tu, strict=True) if k == kv and k != PAD_KEY and t <= tau]
+    uv_times += [t for k, t in zip(nv, tv, strict=True) if k == ku and k != PAD_KEY and t <= tau]
     return [
         math.log1p(cu[kv]),
         math.log1p(cv[ku]),
@@ -103,14 +103,14 @@ def test_latest_visible_neighbours_match_the_plain_twin():
     ).values  # oldest first
     nbr[torch.rand(n, length, generator=gen) < 0.3] = PAD_KEY
     tau = torch.rand(n, generator=gen, dtype=torch.float64) * 22
-    tau[0] = times[0, 3]  # an entry exactly at tau is not visible
+    tau[0] = times[0, 3]  # an entry exactly at tau was applied before the query: visible
     got = latest_visible_neighbours(nbr, times, tau, depth)
     want = []
     for i in range(n):
         seen = [
             k
             for k, t in zip(nbr[i].tolist(), times[i].tolist(), strict=True)
-            if k != PAD_KEY and t < tau[i]
+            if k != PAD_KEY and t <= tau[i]
         ]
         newest_first = seen[::-1][:depth]
         want.append(newest_first + [PAD_KEY] * (depth - len(newest_first)))

@@ -9,6 +9,8 @@ import pytest
 from training.auto_config import (
     HISTORICAL_SHARE,
     ITEM_SIDE_MAX,
+    SNAPSHOT_GROUP_MIN,
+    SNAPSHOT_SHARE_MIN,
     StreamProfile,
     choose_settings,
 )
@@ -65,3 +67,30 @@ def test_no_repeats_means_random_negatives_only() -> None:
     p = StreamProfile.of(src, dst, np.arange(100.0))
     assert p.repeat_share == 0.0
     assert choose_settings(p, {}, None).historical_negatives == 0.0
+
+
+def test_snapshot_streams_train_with_batch_visibility(data_dir) -> None:
+    # US Legis.: one timestamp per congress, thousands of events each.
+    p = _profile(data_dir, "uslegis")
+    assert p.snapshot_share >= SNAPSHOT_SHARE_MIN
+    chosen = choose_settings(p, {}, None)
+    assert chosen.visibility == "batch"
+    assert any("batch visibility" in r for r in chosen.reasons)
+    # An explicit visibility wins.
+    assert choose_settings(p, {}, None, "exact").visibility == "exact"
+
+
+def test_continuous_time_streams_keep_exact_visibility(data_dir) -> None:
+    p = _profile(data_dir, "uci")
+    assert p.snapshot_share < SNAPSHOT_SHARE_MIN
+    assert choose_settings(p, {}, None).visibility == "exact"
+
+
+def test_snapshot_share_counts_only_groups_of_a_batch_or_more() -> None:
+    # 300 events at t = 0 (a snapshot), then 300 events with distinct times, of which
+    # pairs share a time (ties, but no snapshot).
+    t = np.concatenate([np.zeros(SNAPSHOT_GROUP_MIN + 100), 1.0 + np.arange(300) // 2])
+    src = np.arange(len(t))
+    p = StreamProfile.of(src, src + len(t), t)
+    assert p.snapshot_share == pytest.approx((SNAPSHOT_GROUP_MIN + 100) / len(t))
+    assert p.tied_share == pytest.approx(1.0)

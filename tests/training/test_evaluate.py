@@ -226,3 +226,19 @@ def test_merged_groups_give_the_same_scores(uci, model) -> None:
     replay(model, data, q1, merge=True)
     replay(model, data, q2, merge=False)
     np.testing.assert_allclose(q1.logit, q2.logit, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("trained_with", ["batch", None], ids=["batch", "unrecorded"])
+def test_evaluate_cli_defaults_to_the_trained_visibility(
+    model, tmp_path, data_dir, trained_with
+) -> None:
+    """Without --visibility the evaluator replays the way the checkpoint was trained
+    (batch on snapshot streams); a checkpoint that does not say is evaluated exactly."""
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(ckpt, model, {"visibility": trained_with} if trained_with else {})
+    out = tmp_path / "eval"
+    args = ["--checkpoint", str(ckpt), "--data", str(data_dir / "uci" / "edges.csv.gz")]
+    args += ["--max-events", str(N_EVENTS), "--splits", "test", "--mrr-k", "0"]
+    assert main([*args, "--settings", "transductive", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["visibility"] == (trained_with or "exact")

@@ -133,17 +133,27 @@ def test_evaluator_equals_event_by_event_advance_and_score(trained, uci_slice) -
 
 
 @pytest.mark.parametrize(
-    ("coarse", "historical"),
-    [(False, 0.0), (True, 0.0), (False, 0.5)],
-    ids=["uci-times", "coarse-times", "historical-negatives"],
+    ("coarse", "historical", "visibility"),
+    [
+        (False, 0.0, "exact"),
+        (True, 0.0, "exact"),
+        (False, 0.5, "exact"),
+        (True, 0.0, "batch"),
+    ],
+    ids=["uci-times", "coarse-times", "historical-negatives", "coarse-times-batch"],
 )
-def test_trainer_scores_equal_streaming_scores(trained, uci_slice, coarse, historical) -> None:
-    """The trainer's windowed re-scan gives the logits the service computes (exact visibility).
+def test_trainer_scores_equal_streaming_scores(
+    trained, uci_slice, coarse, historical, visibility
+) -> None:
+    """The trainer's windowed re-scan gives the logits the service computes.
 
     "coarse-times" rounds UCI's timestamps to ~2.3-day steps, so hundreds of events share
     a timestamp (like Can. Parl. / US Legis.) and the trainer's catch-up path runs.
     "historical-negatives" mixes whole-pair negatives (another source than the positive's)
     into the batches, so their states and lists are checked too.
+    "coarse-times-batch": batch visibility (what the trainer picks on snapshot streams),
+    where a query sees the events of earlier batches at its own timestamp, in its
+    neighbour lists too, against the evaluator's batch groups of the same size.
     """
     model = load_checkpoint(trained[0]).model
     data, split = uci_slice
@@ -160,7 +170,7 @@ def test_trainer_scores_equal_streaming_scores(trained, uci_slice, coarse, histo
         train_events,
         index,
         window=4,
-        visibility="exact",
+        visibility=visibility,
         historical_negatives=historical,
     )
     runner.catch_up_len = 8
@@ -194,8 +204,14 @@ def test_trainer_scores_equal_streaming_scores(trained, uci_slice, coarse, histo
     )
     q.logit = np.full(len(q), np.nan)
     assert (q.src >= 0).all() and (q.dst >= 0).all()
-    replay(model, sub, q)
+    replay(model, sub, q, visibility, batch_events=150)
     np.testing.assert_allclose(got, q.logit, atol=1e-4, rtol=0)
+    if visibility == "batch":
+        # Not vacuous: some queries share their timestamp with events of earlier batches
+        # (the first event at a query's time comes before the query's batch).
+        batch_start = np.concatenate(qe) // 150 * 150
+        first_at_t = np.searchsorted(sub.t, np.concatenate(qt), side="left")
+        assert (first_at_t < batch_start).any()
 
 
 def test_resume_continues_exactly(uci_path, tmp_path) -> None:
