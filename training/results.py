@@ -280,16 +280,7 @@ def run_dataset(
                     trained_visibility(ckpt.metrics),
                 )
             else:
-                metrics, _ = evaluate_model(
-                    ckpt.model,
-                    data,
-                    split,
-                    ("test",),
-                    ("transductive",),
-                    STRATEGIES,
-                    0,
-                    trained_visibility(ckpt.metrics),
-                )
+                metrics = _test_metrics(ckpt, data, split)
             summary.setdefault("variants", {})[variant] = {
                 "version": ckpt.version,
                 "train": ckpt.metrics,
@@ -350,18 +341,7 @@ def _run_more_seeds(
             test_eval=False,
             seed=seed,
         )
-        ckpt = load_checkpoint(sdir)
-        metrics, _ = evaluate_model(
-            ckpt.model,
-            data,
-            split,
-            ("test",),
-            ("transductive",),
-            STRATEGIES,
-            0,
-            trained_visibility(ckpt.metrics),
-        )
-        per_seed[str(seed)] = _test_aps(metrics)
+        per_seed[str(seed)] = _test_aps(_test_metrics(load_checkpoint(sdir), data, split))
     summary["seed_stats"] = {
         strat: {
             "mean": float(np.mean([r[strat] for r in per_seed.values()])),
@@ -370,6 +350,22 @@ def _run_more_seeds(
         }
         for strat in STRATEGIES
     }
+
+
+def _test_metrics(ckpt: Any, data: Any, split: Any) -> dict[str, Any]:
+    """Test AP of a checkpoint, transductive, every negative kind, replayed with the
+    visibility it was trained with (the ablation rows and the further seeds)."""
+    metrics, _ = evaluate_model(
+        ckpt.model,
+        data,
+        split,
+        ("test",),
+        ("transductive",),
+        STRATEGIES,
+        0,
+        trained_visibility(ckpt.metrics),
+    )
+    return metrics
 
 
 def _test_aps(metrics: dict[str, Any]) -> dict[str, float]:

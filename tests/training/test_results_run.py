@@ -1,0 +1,48 @@
+"""``training.results`` end to end on a small snapshot stream: the default command's
+choices reach every row (the trainer's batch visibility, and the evaluator replaying
+with it for the full model and for each further seed)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+
+from training.results import main
+
+
+def test_results_rows_replay_with_the_visibility_each_seed_was_trained_with(
+    data_dir, tmp_path
+) -> None:
+    # Every 12th US Legis. event: twelve congresses of about 420 events each, so every
+    # timestamp group is longer than a training batch (a snapshot stream).
+    with gzip.open(data_dir / "uslegis" / "edges.csv.gz", "rt") as f:
+        header, *rows = f.read().splitlines()
+    root = tmp_path / "data"
+    (root / "snap").mkdir(parents=True)
+    with gzip.open(root / "snap" / "edges.csv.gz", "wt") as f:
+        f.write("\n".join([header, *rows[::12]]) + "\n")
+    out, doc = tmp_path / "runs", tmp_path / "RESULTS.md"
+    rc = main(
+        ["--data", str(root), "--out", str(out), "--doc", str(doc), "--datasets", "snap"]
+        + ["--epochs", "1", "--no-ablation", "--no-baselines", "--seeds", "0,1", "--mrr-k", "0"]
+    )
+    assert rc == 0
+    summary = json.loads((out / "snap" / "summary.json").read_text())
+    full = summary["variants"]["full"]
+    assert full["train"]["visibility"] == "batch"
+    assert any("batch visibility" in r for r in full["train"]["auto"]["reasons"])
+    assert full["eval"]["visibility"] == "batch"
+    assert (
+        json.loads((out / "snap" / "full-seed1" / "metrics.json").read_text())["visibility"]
+        == "batch"
+    )
+    seeds = full["seeds"]
+    assert sorted(seeds) == ["0", "1"]
+    assert all(0.0 < seeds[s]["random"] <= 1.0 for s in seeds)
+    assert summary["seed_stats"]["random"]["n"] == 2
+    assert np.isfinite(summary["seed_stats"]["random"]["std"])
+    # The row's budget column says how it was evaluated.
+    rows = [line for line in doc.read_text().splitlines() if line.startswith("| snap | rnd |")]
+    assert rows and all("batch visibility" in line for line in rows)
