@@ -5,6 +5,12 @@ timestamp group at a time: first scores the group's queries (positives and their
 negatives) over HTTP, then ingests the group. That is exact visibility: a query at
 t sees every event before t and none at t, as in the offline evaluator, so the
 served scores can be compared with ``dygserve evaluate --write-scores``.
+
+``--visibility batch`` walks fixed groups of ``--batch-events`` events instead (what
+the trainer picks on snapshot streams, and the evaluator replays for such a
+checkpoint): a query then sees the earlier groups of its own timestamp. Each query
+is placed by the stream row of its positive (the ``event`` column the evaluator
+writes), and the groups start at the first evaluated event, as the evaluator's do.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import numpy as np
 
 from service.client import ClientConfig, DygserveClient
 from training.data import EdgeStream, chronological_split, read_edge_stream
-from training.metrics import average_precision, roc_auc
+from training.metrics import DYGLIB_EVAL_BATCH, average_precision, roc_auc
 
 
 @dataclass
@@ -28,6 +34,7 @@ class Query:
     dst: str
     t: float
     label: int
+    event: int | None = None  # stream row of the positive it belongs to (batch visibility)
 
 
 def read_queries(path: Path) -> list[Query]:
@@ -39,6 +46,7 @@ def read_queries(path: Path) -> list[Query]:
                 r["dst"],
                 float(r["t"]),
                 int(float(r.get("label", r.get("is_positive", 0)))),
+                int(r["event"]) if r.get("event") not in (None, "") else None,
             )
             for r in csv.DictReader(fh)
         ]
@@ -50,8 +58,9 @@ def random_queries(stream: EdgeStream, mask: np.ndarray, seed: int) -> list[Quer
     dsts = np.unique(stream.dst)
     out = []
     for i in np.flatnonzero(mask):
-        out.append(Query(stream.src[i], stream.dst[i], float(stream.t[i]), 1))
-        out.append(Query(stream.src[i], str(dsts[rng.integers(len(dsts))]), float(stream.t[i]), 0))
+        t, row = float(stream.t[i]), int(i)
+        out.append(Query(stream.src[i], stream.dst[i], t, 1, row))
+        out.append(Query(stream.src[i], str(dsts[rng.integers(len(dsts))]), t, 0, row))
     return out
 
 
@@ -107,21 +116,37 @@ def replay(
     queries: list[Query],
     batch: int = 1000,
     progress: bool = False,
+    visibility: str = "exact",
+    batch_events: int = DYGLIB_EVAL_BATCH,
 ) -> list[float]:
-    """Ingest events with t <= start_time, then score-then-ingest each later timestamp group.
+    """Ingest events with t <= start_time, then score-then-ingest each later timestamp
+    group (exact visibility) or each later group of ``batch_events`` events (batch).
 
     Consecutive groups are merged into one score call and one ingest call while no
     query of a group involves a node that an earlier group of the run has events for:
     a query reads only its two nodes' states and neighbour lists, so that is exactly
     "score group g, then ingest group g" for each g, with far fewer requests.
     """
+    if visibility not in ("exact", "batch"):
+        raise ValueError("visibility must be 'exact' or 'batch'")
     client.ingest(stream, np.flatnonzero(stream.t <= start_time), batch)
-    by_time: dict[float, list[int]] = {}
-    for k, q in enumerate(queries):
-        by_time.setdefault(q.t, []).append(k)
-    logits = [float("nan")] * len(queries)
     after = np.flatnonzero(stream.t > start_time)
-    groups = np.split(after, np.flatnonzero(np.diff(stream.t[after])) + 1) if len(after) else []
+    if visibility == "exact":
+        groups = np.split(after, np.flatnonzero(np.diff(stream.t[after])) + 1) if len(after) else []
+        group_keys = [float(stream.t[g[0]]) for g in groups]
+    else:
+        groups = [after[i : i + batch_events] for i in range(0, len(after), batch_events)]
+        group_keys = list(range(len(groups)))
+    # The queries of each group: by time (exact) or by their positive's row (batch).
+    by_group: dict[float | int, list[int]] = {}
+    for k, q in enumerate(queries):
+        if visibility == "exact":
+            by_group.setdefault(q.t, []).append(k)
+        elif q.event is None:
+            raise ValueError("batch visibility needs each query's event row (the evaluator's CSV)")
+        else:
+            by_group.setdefault(int(np.searchsorted(after, q.event)) // batch_events, []).append(k)
+    logits = [float("nan")] * len(queries)
 
     run_queries: list[int] = []
     run_events: list[np.ndarray] = []
@@ -141,8 +166,10 @@ def replay(
 
     from tqdm import tqdm
 
-    for group in tqdm(groups, desc="replay", disable=not progress):
-        ks = by_time.pop(float(stream.t[group[0]]), [])
+    for key, group in tqdm(
+        zip(group_keys, groups, strict=True), desc="replay", disable=not progress
+    ):
+        ks = by_group.pop(key, [])
         if any(queries[k].src in touched or queries[k].dst in touched for k in ks):
             flush()
         run_queries.extend(ks)
@@ -150,7 +177,7 @@ def replay(
         touched.update(stream.src[group])
         touched.update(stream.dst[group])
     flush()
-    rest = [k for ks in by_time.values() for k in ks]  # queries at times with no event
+    rest = [k for ks in by_group.values() for k in ks]  # queries with no event of their own
     for k, logit in zip(rest, client.score([queries[k] for k in rest]), strict=True):
         logits[k] = logit
     return logits
@@ -170,7 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", choices=["test", "val"], default="test")
     p.add_argument("--limit", type=int, default=None, help="only the first N events of the file")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=1000, help="events per ingest request")
+    p.add_argument(
+        "--visibility",
+        choices=("exact", "batch"),
+        default="exact",
+        help="score-then-ingest per timestamp (exact) or per --batch-events events (batch:"
+        " for a checkpoint the trainer trained with batch visibility, a snapshot stream)",
+    )
+    p.add_argument("--batch-events", type=int, default=DYGLIB_EVAL_BATCH)
     p.add_argument("--write-scores", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -183,7 +218,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     client = ServiceClient(args.url, args.api_key)
     try:
-        logits = replay(client, stream, start, queries, args.batch, progress=True)
+        logits = replay(
+            client,
+            stream,
+            start,
+            queries,
+            args.batch,
+            progress=True,
+            visibility=args.visibility,
+            batch_events=args.batch_events,
+        )
     finally:
         client.close()
     labels = np.array([q.label for q in queries])

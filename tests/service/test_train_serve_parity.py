@@ -5,6 +5,8 @@ Redis, give the same scores (max abs difference <= 1e-4) and so the same AP."""
 from __future__ import annotations
 
 import csv
+import gzip
+import json
 
 import numpy as np
 from sklearn.metrics import average_precision_score
@@ -64,3 +66,56 @@ def test_replay_over_http_equals_offline_evaluator(redis_server, data_dir, tmp_p
         abs(average_precision_score(labels, served) - average_precision_score(labels, offline))
         < 1e-6
     )
+
+
+def test_batch_visibility_replay_over_http_equals_offline_evaluator(
+    redis_server, data_dir, tmp_path
+):
+    """The same invariant on a snapshot stream with the trainer's own choice there:
+    a checkpoint trained with batch visibility, evaluated (by default) with it, and the
+    service replayed in the same groups of 200 events, so queries see the earlier
+    groups of their own timestamp (states and neighbour lists alike)."""
+    from training.train import train
+
+    # Every 12th US Legis. event: twelve congresses of about 420 events each.
+    with gzip.open(data_dir / "uslegis" / "edges.csv.gz", "rt") as f:
+        header, *rows = f.read().splitlines()
+    data = tmp_path / "snap.csv.gz"
+    with gzip.open(data, "wt") as f:
+        f.write("\n".join([header, *rows[::12]]) + "\n")
+    ckpt = tmp_path / "ckpt"
+    train(data, ckpt, {"d_model": 8, "d_state": 4}, epochs=1, progress=False, test_eval=False)
+    scores_file = tmp_path / "offline.csv"
+    args = ["--checkpoint", str(ckpt), "--data", str(data), "--splits", "test"]
+    args += ["--strategies", "random", "--settings", "transductive", "--mrr-k", "0"]
+    rc = evaluate.main([*args, "--write-scores", str(scores_file), "--out", str(tmp_path / "e")])
+    assert rc == 0
+    assert json.loads((tmp_path / "e" / "metrics.json").read_text())["visibility"] == "batch"
+    with open(scores_file, newline="") as fh:
+        offline = np.array([float(r["logit"]) for r in csv.DictReader(fh)])
+    queries = read_queries(scores_file)
+
+    redis_server.flush()
+    svc = start_service(
+        tmp_path, {"DYGSERVE_REDIS_URL": redis_server.url, "DYGSERVE_CHECKPOINT": str(ckpt)}
+    )
+    try:
+        stream = read_edge_stream(data)
+        split = chronological_split(stream)
+        client = ServiceClient(svc.url, None)
+        served = np.array(replay(client, stream, split.test_time, queries, visibility="batch"))
+    finally:
+        svc.stop()
+
+    diff = np.abs(served - offline)
+    assert np.isfinite(served).all() and diff.max() <= 1e-4, f"max diff {diff.max():.2e}"
+    # Not vacuous: with exact visibility the same queries score differently.
+    exact_file = tmp_path / "exact.csv"
+    rc = evaluate.main(
+        [*args, "--visibility", "exact", "--write-scores", str(exact_file)]
+        + ["--out", str(tmp_path / "x")]
+    )
+    assert rc == 0
+    with open(exact_file, newline="") as fh:
+        exact = np.array([float(r["logit"]) for r in csv.DictReader(fh)])
+    assert np.abs(exact - offline).max() > 1e-3
