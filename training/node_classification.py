@@ -277,6 +277,8 @@ def train_node_classifier(
     # Fine-tuning: a head on the frozen base first, then both together, then the
     # output's own head on the fine-tuned model's frozen states (node_finetune).
     start_head, _ = fitted_head(inputs, cfg, progress)
+    # The frozen head's figures, for comparison (fine-tuning then trains this head on).
+    frozen = split_metrics(inputs.y, head_logits(start_head, inputs.x), inputs.masks)
     tuned = fine_tune_link_model(
         base, data_path, out, start_head, cfg.fine_tune, cfg.seed, max_events, progress
     )
@@ -285,9 +287,7 @@ def train_node_classifier(
     )
     metrics["fine_tune"] = tuned
     metrics["base_model_version"] = inputs.link_version
-    metrics["base_frozen"] = split_metrics(
-        inputs.y, head_logits(start_head, inputs.x), inputs.masks
-    )
+    metrics["base_frozen"] = frozen
     (Path(out) / NODE_METRICS_FILE).write_text(
         json.dumps(jsonable(metrics), indent=2, sort_keys=True) + "\n"
     )

@@ -113,6 +113,15 @@ def test_fine_tuning_writes_its_own_link_model_that_the_evaluator_reads(wiki, tm
     ]
     assert any(moved)
     assert 0.5 < metrics["fine_tune"]["link_val_ap_after"] <= 1.0  # link quality measured
+    # The frozen head it started from is reported as it was before fine-tuning moved it.
+    frozen = train_node_classifier(
+        wiki,
+        DEFAULT_CHECKPOINT,
+        tmp_path / "frozen",
+        cfg.model_copy(update={"fine_tune": None}),
+        max_events=N_EVENTS,
+    )
+    assert metrics["base_frozen"]["test"]["auc"] == pytest.approx(frozen["test"]["auc"], abs=1e-9)
     head = load_node_head(out, tuned.version)
     assert head is not None and head.version == metrics["head_version"]
     assert head.config.link_model_version == tuned.version
