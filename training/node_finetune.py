@@ -149,7 +149,8 @@ def fine_tune_link_model(
     model.eval()
     link_val_after = validation_ap(model, data, split, visibility)["ap"]
     doc = {
-        **{k: v for k, v in metrics.items() if k not in ("val", "test", "history")},
+        # The base's training record stays (its history, budget); its figures do not.
+        **{k: v for k, v in metrics.items() if k not in ("val", "test")},
         "fine_tuned_for": "node-classification",
         "fine_tuned_from": ckpt.version,
         "fine_tune": cfg.model_dump(),
