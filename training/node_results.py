@@ -196,9 +196,22 @@ def render_section(summaries: list[dict[str, Any]]) -> str:
     w("```bash")
     for s in summaries:
         b = s.get("link_budget", {})
+        data = f"../shared/data/{s['dataset']}"
+        tuned = s.get("link_fine_tuned_from")
+        if not tuned:
+            w(
+                f"python -m training.train --data {data} --out {s['base']} --epochs {b.get('epochs')}"
+            )
+            continue
+        # A fine-tuned base: the link model first, then --fine-tune through a head.
+        link = f"runs/{s['dataset']}-link"
+        flags = " --event-features" if s["train_config"].get("event_features") else ""
+        flags += f" --members {s['train_config'].get('members', 1)}"
+        w(f"python -m training.train --data {data} --out {link} --epochs {b.get('epochs')}")
         w(
-            f"python -m training.train --data ../shared/data/{s['dataset']} --out {s['base']} "
-            f"--epochs {b.get('epochs')}"
+            f"dygserve train --task node-classification --data {data} --base {link} "
+            f"--out {s['base']} --fine-tune{flags}   # link model {tuned} -> "
+            f"{s['link_model_version']}"
         )
     bases = " ".join(f"--nc-base {s['dataset']}={s['base']}" for s in summaries)
     seeds = ",".join(str(r["seed"]) for r in summaries[0]["runs"]) if summaries else "0"

@@ -180,3 +180,10 @@ def test_results_rewrites_only_its_section(tmp_path):
     again = doc.read_text()
     assert again.count(BEGIN) == 1 and "new link tables" in again and again.endswith("trailer\n")
     assert not update_doc(doc, tmp_path / "nothing")
+    # A base that came out of --fine-tune is named so, with the command that made it.
+    summary["link_fine_tuned_from"] = "0123456789abcdef"
+    (folder / "summary.json").write_text(json.dumps(summary))
+    assert update_doc(doc, tmp_path / "out")
+    text = doc.read_text()
+    assert "fine-tuned through a head from `0123456789abcdef`" in text
+    assert "--base runs/wikipedia-link --out runs/wiki-link --fine-tune" in text
