@@ -11,6 +11,9 @@ plus two files:
   weights' bytes and the link model version it reads (so a head never serves states
   of another link model: loading checks that version against the checkpoint's).
 
+The trainer also writes ``node_metrics.json`` (validation/test AUC and AP, how it was
+trained): informational, shown by ``GET /v1/model``, not part of the head version.
+
 ``load_node_head`` returns None for a folder without a head (a plain link checkpoint).
 """
 
@@ -32,6 +35,7 @@ from .node_head import NodeClassifierHead, NodeHeadConfig
 
 HEAD_CONFIG_FILE = "node_head.json"
 HEAD_WEIGHTS_FILE = "node_head.safetensors"
+NODE_METRICS_FILE = "node_metrics.json"
 HEAD_FORMAT = "dygserve-node-head/1"
 
 
@@ -40,6 +44,16 @@ class LoadedNodeHead:
     config: NodeHeadConfig
     head: NodeClassifierHead
     version: str
+    metrics: dict[str, Any]  # node_metrics.json ({} when absent or unreadable)
+
+
+def read_node_metrics(directory: str | Path) -> dict[str, Any]:
+    """The trainer's node_metrics.json; {} when there is none (it only informs)."""
+    try:
+        doc = json.loads((Path(directory) / NODE_METRICS_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def head_version(config_doc: dict[str, Any], weights: bytes, link_version: str) -> str:
@@ -116,4 +130,5 @@ def load_node_head(directory: str | Path, link_version: str) -> LoadedNodeHead |
         raise CheckpointError("node head weights hold non-finite values")
     head.load_state_dict(tensors)
     head.eval()
-    return LoadedNodeHead(config, head, head_version(doc["head"], weights, link_version))
+    version = head_version(doc["head"], weights, link_version)
+    return LoadedNodeHead(config, head, version, read_node_metrics(path))

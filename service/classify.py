@@ -83,7 +83,7 @@ def classify_nodes(
             default_t = engine.store.last_event_time()
         default_t = 0.0 if default_t is None else default_t
     nodes = list(dict.fromkeys(q[0] for q in queries))
-    states, _, unknown = engine.load_states(rt, nodes)
+    states, lists, unknown = engine.load_states(rt, nodes)
     if unknown.any():
         names = [n for n, u in zip(nodes, unknown.tolist(), strict=True) if u]
         shown = ", ".join(repr(n) for n in names[:NAMED_UNKNOWN])
@@ -100,6 +100,7 @@ def classify_nodes(
             states.select(idx).to(rt.device),
             tau.to(rt.device),
             None if feats is None else feats.to(rt.device),
+            lists.select(idx).to(rt.device) if head.config.use_recent_pace else None,
         )
         logits = head.head(x.cpu()).tolist()
     t_last = states.t_last[idx].tolist()

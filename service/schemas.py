@@ -250,6 +250,25 @@ class KernelInfo(BaseModel):
     )
 
 
+class NodeHeadInfo(BaseModel):
+    """The node-classification head of the serving checkpoint (``/v1/classify``)."""
+
+    head_version: str = Field(description="the head's own version (config, weights, link model)")
+    link_model_version: str = Field(description="the link model whose states it reads")
+    task: str = Field(description="what the label means")
+    label: str = Field(description="the dataset column it learned")
+    event_feature_dim: int = Field(
+        description="features a classify request must carry per node (0: none allowed)"
+    )
+    inputs: dict = Field(description="the head's input groups and widths")
+    fine_tuned: bool = Field(
+        description="the link model was fine-tuned with the head (else: a frozen base's)"
+    )
+    metrics: dict = Field(
+        description="validation and test AUC-ROC / AP of the trainer (node_metrics.json), {} if none"
+    )
+
+
 class ModelInfo(BaseModel):
     model_version: str = Field(description="the version this worker serves")
     store_model_version: str | None = Field(
@@ -265,6 +284,9 @@ class ModelInfo(BaseModel):
     kernels: KernelInfo
     config: dict
     metrics: dict
+    node_head: NodeHeadInfo | None = Field(
+        description="the node-classification head; null: none loaded, /v1/classify answers 404"
+    )
 
 
 class Health(BaseModel):

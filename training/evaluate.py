@@ -102,7 +102,7 @@ def wants_node_evaluation(argv: Sequence[str]) -> bool:
     (``--task link`` evaluates such a checkpoint's link model)."""
     from model.node_head_checkpoint import has_node_head
 
-    from .node_classification import asks_node_task
+    from .node_task import asks_node_task
 
     if asks_node_task(argv):
         return True

@@ -3,7 +3,7 @@ event's time from the states before the event, then the event is ingested.
 
 Exact visibility, as for links (``training.replay``): the events are cut into
 timestamp groups; a group's sources are read from the states after every event with
-time < t (``node_head_inputs``: decay to t, read-out, activity), then the group is
+time < t (``node_head_inputs``: decay to t, read-out, activity, recent pace), then the group is
 ingested with ``streaming.advance`` (``StreamReplay.ingest``), which is what the
 service runs. Consecutive groups are merged into one read and one ingest while no
 source of a group is touched by an earlier group of the run: a read sees only its own
@@ -72,12 +72,14 @@ def collect_source_inputs(
                 b = min(stop, a + READ_CHUNK)
                 nodes = torch.from_numpy(data.src[a:b])
                 feats = torch.from_numpy(data.features[a:b]) if config.event_feature_dim else None
+                lists = rep.neighbour_lists(data.src[a:b]) if config.use_recent_pace else None
                 out[a:b] = node_head_inputs(
                     model,
                     config,
                     rep.states.select(nodes),
                     torch.from_numpy(data.t[a:b]),
                     feats,
+                    lists,
                 ).numpy()
             rep.ingest(np.arange(start, stop))
             if bar is not None:

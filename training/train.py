@@ -30,6 +30,7 @@ CLI::
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import sys
@@ -57,6 +58,7 @@ from .evaluate import evaluate_model, validation_ap
 from .jsonable import jsonable
 from .metrics import average_precision, roc_auc
 from .negatives import TrainNegativeSampler
+from .node_task import asks_node_task
 
 TRAIN_STATE_DIR = "train_state"
 # Train to convergence: the paper's 100-epoch ceiling, ended by early stopping on the
@@ -248,6 +250,10 @@ class EpochRunner:
         loss = F.binary_cross_entropy_with_logits(logits, labels)
 
         self.last_batch = {"src": u, "dst": v, "neg_src": neg_src, "neg": neg_dst, "t": t}
+        # The sources' read-outs at their events' times (exact visibility, with
+        # gradients) and how many of their events they had seen: node-classification
+        # fine-tuning (training/node_finetune.py) puts its loss on them.
+        self.last_sources = (ev, None if z is None else z[:n_q], q_m[:n_q])
         # Commit the bookkeeping (anchors are detached copies).
         if new_anchor is not None:
             _set_rows(self.anchor, torch.from_numpy(touched), new_anchor)
@@ -529,11 +535,12 @@ def _metrics_doc(
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from .node_classification import asks_node_task
-    from .node_classification import main as train_node_classifier
-
-    if asks_node_task(argv):  # a head on frozen states: its own trainer
-        return train_node_classifier(argv)
+    if asks_node_task(argv):  # a node-classification head: its own trainer
+        # Named, not imported (as service/cli.py names its commands): the node trainer
+        # builds on this module (fine-tuning reuses EpochRunner), so an import here
+        # would be an import cycle.
+        node_trainer = importlib.import_module("training.node_classification")
+        return int(node_trainer.main(argv))
     ap = argparse.ArgumentParser(prog="dygserve train", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="dataset folder or edges.csv.gz")
     ap.add_argument("--out", required=True, help="checkpoint folder to write")

@@ -14,6 +14,8 @@ from typing import TypeVar
 import httpx
 
 from ..schemas import (
+    ClassifyDetail,
+    ClassifyResponse,
     EventsResponse,
     Health,
     ModelInfo,
@@ -24,7 +26,17 @@ from ..schemas import (
     ScoreResponse,
 )
 from . import calls
-from .batching import EventBatch, EventLike, IngestPlan, PairLike, pair_requests, pair_rows
+from .batching import (
+    EventBatch,
+    EventLike,
+    IngestPlan,
+    NodeQueryLike,
+    PairLike,
+    node_query_requests,
+    node_query_rows,
+    pair_requests,
+    pair_rows,
+)
 from .config import ClientConfig
 from .errors import DygserveError
 from .results import AttemptHook, IngestResult
@@ -195,6 +207,29 @@ class AsyncDygserveClient:
         self, src: str | int, candidates: Sequence[str | int], t: float | None = None
     ) -> RankResponse:
         return await self._call(calls.post_rank(src, candidates, t))
+
+    # ----- node classification (a checkpoint with a node head; else NotFound)
+    async def classify(self, node: str | int, t: float | None = None) -> ClassifyDetail:
+        """``GET /v1/nodes/{node}/classify``: the probability that the node is in the
+        labelled state at ``t`` (None: the latest event time seen)."""
+        return await self._call(calls.get_classify(node, t))
+
+    async def classify_nodes(self, queries: Iterable[NodeQueryLike]) -> ClassifyResponse:
+        """``POST /v1/classify``, cut into requests under the limits, answers in input
+        order. A query is a ``NodeQueryIn``, a mapping, or ``(node, t)``; a head
+        trained with event features needs them in each query (a mapping or model).
+        A call cut in several requests that straddles a reload holds answers of both
+        versions; the versions given are the last request's."""
+        rows = node_query_rows(queries, validate=self.config.validate_requests)
+        answers = [
+            await self._call(calls.post_classify(body, n))
+            for body, n in node_query_requests(rows, self.config.limits)
+        ]
+        return ClassifyResponse(
+            scores=[s for a in answers for s in a.scores],
+            model_version=answers[-1].model_version if answers else "",
+            head_version=answers[-1].head_version if answers else "",
+        )
 
     # ----- nodes, model, health
     async def node(self, node: str | int) -> NodeSummary:

@@ -20,19 +20,23 @@ from typing import Any
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
-from ..schemas import EventIn, EventsResponse, PairIn, Rejected
+from ..schemas import EventIn, EventsResponse, NodeQueryIn, PairIn, Rejected
 from .config import BatchLimits
 from .errors import PayloadTooLarge, ValidationFailed
 from .results import IngestProgress, IngestResult
 
 EventLike = EventIn | Mapping[str, Any]
 PairLike = PairIn | Mapping[str, Any] | tuple[Any, Any] | tuple[Any, Any, float | None]
+# A node to classify: a ``NodeQueryIn``, a mapping of its fields, or ``(node, t)``.
+NodeQueryLike = NodeQueryIn | Mapping[str, Any] | tuple[Any, float | None]
 
 _EVENTS = TypeAdapter(list[EventIn])
 _PAIRS = TypeAdapter(list[PairIn])
+_NODE_QUERIES = TypeAdapter(list[NodeQueryIn])
 _ORJSON = orjson.OPT_SERIALIZE_NUMPY  # numpy scalars and arrays, as given by a caller
 EVENTS_ENVELOPE = len(b'{"events":[]}')
 PAIRS_ENVELOPE = len(b'{"pairs":[]}')
+NODES_ENVELOPE = len(b'{"nodes":[]}')
 ID_BYTES = 16  # 128 random bits per assigned event id, as a uuid4
 
 
@@ -92,6 +96,27 @@ def pair_rows(pairs: Iterable[PairLike], *, validate: bool = True) -> list[dict[
         raise ValidationFailed.from_validation(exc, ("body", "pairs")) from exc
     rows: list[dict[str, Any]] = _PAIRS.dump_python(models)
     return rows
+
+
+def node_query_rows(
+    queries: Iterable[NodeQueryLike], *, validate: bool = True
+) -> list[dict[str, Any]]:
+    """Nodes to classify as rows; a tuple is ``(node, t)``. Rows without features
+    leave the field out (a head that reads none refuses any)."""
+    given: list[Any] = [{"node": q[0], "t": q[1]} if isinstance(q, tuple) else q for q in queries]
+    if validate:
+        try:
+            models = _NODE_QUERIES.validate_python(given)
+        except ValidationError as exc:
+            raise ValidationFailed.from_validation(exc, ("body", "nodes")) from exc
+        rows: list[dict[str, Any]] = _NODE_QUERIES.dump_python(models, exclude_none=True)
+        return rows
+    return [
+        q.model_dump(exclude_none=True)
+        if isinstance(q, NodeQueryIn)
+        else {k: v for k, v in dict(q).items() if v is not None}
+        for q in given
+    ]
 
 
 def encode_rows(rows: Sequence[Mapping[str, Any]]) -> list[bytes]:
@@ -212,3 +237,16 @@ def pair_requests(rows: list[dict[str, Any]], limits: BatchLimits) -> list[tuple
         "pairs",
     )
     return [(body_of(b"pairs", parts[r.start : r.stop]), len(r)) for r in slices]
+
+
+def node_query_requests(rows: list[dict[str, Any]], limits: BatchLimits) -> list[tuple[bytes, int]]:
+    """Bodies of ``POST /v1/classify`` under the limits, with their node counts."""
+    parts = encode_rows(rows)
+    slices = cut(
+        [len(p) for p in parts],
+        limits.max_classify_nodes,
+        limits.max_body_bytes,
+        NODES_ENVELOPE,
+        "nodes",
+    )
+    return [(body_of(b"nodes", parts[r.start : r.stop]), len(r)) for r in slices]

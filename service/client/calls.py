@@ -14,6 +14,8 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from ..schemas import (
+    ClassifyDetail,
+    ClassifyResponse,
     EventsResponse,
     Health,
     ModelInfo,
@@ -121,6 +123,16 @@ def post_rank(
 def get_node(node: str | int) -> Call[NodeSummary]:
     # Node ids are free text: "/", "?" or "%" in one must not change the route.
     return Call("GET", "/v1/nodes/" + quote(str(node), safe=""), _model(NodeSummary))
+
+
+def get_classify(node: str | int, t: float | None) -> Call[ClassifyDetail]:
+    params = None if t is None else {"t": repr(float(t))}  # repr: the exact float64
+    path = "/v1/nodes/" + quote(str(node), safe="") + "/classify"
+    return Call("GET", path, _model(ClassifyDetail), params=params, items=1)
+
+
+def post_classify(body: bytes, items: int) -> Call[ClassifyResponse]:
+    return Call("POST", "/v1/classify", _model(ClassifyResponse), content=body, items=items)
 
 
 def get_model() -> Call[ModelInfo]:

@@ -62,17 +62,21 @@ class _SettingsLike(Protocol):
     max_batch_events: int
     max_body_bytes: int
     max_score_pairs: int
+    max_classify_nodes: int
 
 
 class BatchLimits(_Frozen):
     """The service's request limits (its ``DYGSERVE_MAX_BATCH_EVENTS``,
-    ``DYGSERVE_MAX_BODY_BYTES``, ``DYGSERVE_MAX_SCORE_PAIRS``). The client cuts ingests
-    and score calls into requests under them; set them to the service's values (a
+    ``DYGSERVE_MAX_BODY_BYTES``, ``DYGSERVE_MAX_SCORE_PAIRS``,
+    ``DYGSERVE_MAX_CLASSIFY_NODES``). The client cuts ingests, score and classify calls
+    into requests under them; set them to the service's values (a
     service with lower limits answers 413, raised as ``PayloadTooLarge``)."""
 
     max_batch_events: int = Field(DEFAULT_MAX_BATCH_EVENTS, ge=1)
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=64)
     max_score_pairs: int = Field(DEFAULT_MAX_SCORE_PAIRS, ge=1)
+    # The service's default for DYGSERVE_MAX_CLASSIFY_NODES is the score-pair limit's.
+    max_classify_nodes: int = Field(DEFAULT_MAX_SCORE_PAIRS, ge=1)
 
     @classmethod
     def from_settings(cls, settings: _SettingsLike) -> BatchLimits:
@@ -81,12 +85,14 @@ class BatchLimits(_Frozen):
             max_batch_events=settings.max_batch_events,
             max_body_bytes=settings.max_body_bytes,
             max_score_pairs=settings.max_score_pairs,
+            max_classify_nodes=settings.max_classify_nodes,
         )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BatchLimits:
         """The limits from the variables the service reads (``DYGSERVE_MAX_BATCH_EVENTS``,
-        ``DYGSERVE_MAX_BODY_BYTES``, ``DYGSERVE_MAX_SCORE_PAIRS``), defaults where unset."""
+        ``DYGSERVE_MAX_BODY_BYTES``, ``DYGSERVE_MAX_SCORE_PAIRS``,
+        ``DYGSERVE_MAX_CLASSIFY_NODES``), defaults where unset."""
         env = os.environ if environ is None else environ
         given = {
             field: env[f"DYGSERVE_{field.upper()}"]

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends
 from starlette.concurrency import run_in_threadpool
 
 from model.checkpoint import CheckpointError
+from model.node_head import ACTIVITY_DIM, RECENT_PACE_DIM
 
 from ..auth import require_api_key, require_read_key
 from ..deps import EngineDep, FollowerDep, SettingsDep
@@ -20,10 +21,38 @@ from ..errors import ERROR_RESPONSES
 from ..gc_tuning import refreeze
 from ..model_follower import ModelFollower, replica_name
 from ..public_info import checkpoint_name, without_absolute_paths
-from ..schemas import KernelInfo, ModelInfo, ReloadRequest
+from ..schemas import KernelInfo, ModelInfo, NodeHeadInfo, ReloadRequest
 
 log = logging.getLogger("dygserve")
 router = APIRouter(tags=["admin"], responses=ERROR_RESPONSES)
+
+
+# What /v1/model shows of node_metrics.json: the figures, not the training history.
+NODE_METRIC_KEYS = ("val", "test", "best_epoch", "events", "train_config")
+
+
+def node_head_info(rt: ModelRuntime) -> NodeHeadInfo | None:
+    loaded = rt.node_head
+    if loaded is None:
+        return None
+    c = loaded.config
+    inputs = {"readout": c.d_readout, "event_features": c.event_feature_dim}
+    inputs["activity"] = ACTIVITY_DIM if c.use_activity else 0
+    inputs["recent_pace"] = RECENT_PACE_DIM if c.use_recent_pace else 0
+    shown = {k: loaded.metrics[k] for k in NODE_METRIC_KEYS if k in loaded.metrics}
+    tuned = loaded.metrics.get("fine_tune")
+    if isinstance(tuned, dict):
+        shown["fine_tune"] = {k: v for k, v in tuned.items() if k != "history"}
+    return NodeHeadInfo(
+        head_version=loaded.version,
+        link_model_version=c.link_model_version,
+        task=c.task,
+        label=c.label,
+        event_feature_dim=c.event_feature_dim,
+        inputs=inputs,
+        fine_tuned="fine_tuned_from" in rt.checkpoint.metrics,
+        metrics=without_absolute_paths(shown),
+    )
 
 
 def model_info(engine: Engine, follower: ModelFollower) -> ModelInfo:
@@ -46,6 +75,7 @@ def model_info(engine: Engine, follower: ModelFollower) -> ModelInfo:
         ),
         config=rt.config.model_dump(mode="json"),
         metrics=without_absolute_paths(rt.checkpoint.metrics),
+        node_head=node_head_info(rt),
     )
 
 

@@ -10,10 +10,17 @@ import pytest
 import torch
 
 from model.checkpoint import CheckpointError, save_checkpoint
-from model.config import ModelConfig
+from model.config import ModelConfig, TimeNormalisation
 from model.events import NodeEvent
 from model.link_model import DygMambaLinkModel
-from model.node_head import ACTIVITY_DIM, NodeClassifierHead, NodeHeadConfig, node_head_inputs
+from model.node_head import (
+    ACTIVITY_DIM,
+    RECENT_PACE_DIM,
+    NodeClassifierHead,
+    NodeHeadConfig,
+    node_head_inputs,
+    recent_pace,
+)
 from model.node_head_checkpoint import (
     HEAD_CONFIG_FILE,
     HEAD_WEIGHTS_FILE,
@@ -21,7 +28,7 @@ from model.node_head_checkpoint import (
     load_node_head,
     save_node_head,
 )
-from model.node_state import NodeStates
+from model.node_state import NeighbourLists, NodeStates
 from model.streaming import advance
 
 
@@ -75,6 +82,42 @@ def test_event_features_are_required_when_the_head_reads_them(model):
     assert x[0, -2:].tolist() == [3.0, 4.0]
 
 
+def test_recent_pace_is_the_mean_standardised_log_gap_of_the_list():
+    norm = TimeNormalisation(scale=2.0, log_mean=0.5, log_std=1.5)
+    inf = float("inf")
+    times = torch.tensor(
+        [
+            [inf, inf, inf, 1.0, 2.0, 5.0],  # gaps 1 and 3
+            [inf, inf, inf, inf, inf, 1.0],  # one event: no gap
+            [inf] * 6,  # nothing
+        ],
+        dtype=torch.float64,
+    )
+    x = recent_pace(times, norm)
+    z = [(torch.log1p(torch.tensor(g / 2.0)) - 0.5) / 1.5 for g in (1.0, 3.0)]
+    torch.testing.assert_close(x[0], torch.tensor([float((z[0] + z[1]) / 2), 1.0]))
+    assert x[1].tolist() == [0.0, 0.0] and x[2].tolist() == [0.0, 0.0]
+
+
+def test_a_head_that_reads_the_recent_pace_needs_the_neighbour_lists(model):
+    cfg = NodeHeadConfig(link_model_version="x", d_readout=model.config.d_out, use_recent_pace=True)
+    assert cfg.input_dim == model.config.d_out + ACTIVITY_DIM + RECENT_PACE_DIM
+    st = states_after(model, [events([1.0, 2.0, 5.0])])
+    tau = torch.tensor([9.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match="neighbour lists"):
+        node_head_inputs(model, cfg, st, tau)
+    lists = NeighbourLists.from_lists([[7, 7, 7]], [[1.0, 2.0, 5.0]], 4)
+    x = node_head_inputs(model, cfg, st, tau, neighbours=lists)
+    torch.testing.assert_close(
+        x[:, -RECENT_PACE_DIM:], recent_pace(lists.times, model.config.time_norm)
+    )
+    assert x[0, -1] == 1.0
+    # A query before the last event reads the list as it is, like the clamped state.
+    early = node_head_inputs(model, cfg, st, torch.tensor([2.0], dtype=torch.float64), None, lists)
+    at = node_head_inputs(model, cfg, st, torch.tensor([5.0], dtype=torch.float64), None, lists)
+    torch.testing.assert_close(early, at)
+
+
 def make_head_checkpoint(tmp_path, model):
     link_version = save_checkpoint(tmp_path, model)
     torch.manual_seed(1)
@@ -117,3 +160,18 @@ def test_head_files_are_checked(tmp_path, model):
     (reshaped / HEAD_CONFIG_FILE).write_text(json.dumps(doc))
     with pytest.raises(CheckpointError, match="do not fit"):
         load_node_head(reshaped, link_version)
+
+
+def test_an_ensemble_head_is_the_mean_of_its_members_and_round_trips(tmp_path, model):
+    link_version = save_checkpoint(tmp_path, model)
+    torch.manual_seed(2)
+    cfg = NodeHeadConfig(link_model_version=link_version, d_readout=model.config.d_out, members=3)
+    head = NodeClassifierHead(cfg).eval()
+    x = torch.randn(6, cfg.input_dim)
+    members = head.member_logits(x)
+    assert members.shape == (6, 3) and not torch.allclose(members[:, 0], members[:, 1])
+    torch.testing.assert_close(head(x), members.mean(dim=-1))
+    version = save_node_head(tmp_path, head)
+    loaded = load_node_head(tmp_path, link_version)
+    assert loaded is not None and loaded.version == version and loaded.config.members == 3
+    torch.testing.assert_close(loaded.head(x), head(x))

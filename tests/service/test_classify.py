@@ -1,10 +1,12 @@
 """``GET /v1/nodes/{id}/classify`` and ``POST /v1/classify`` on the real service with a
 real Redis: answers from the cached states (cold nodes rebuilt to the same numbers),
 404 without a node head or for an unknown node, bad input refused with nothing changed,
-and the head following ``reload``."""
+the head following ``reload`` and shown by ``GET /v1/model``, and the typed client's
+classify calls (blocking and async) over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import shutil
@@ -15,6 +17,14 @@ import torch
 from model.checkpoint import load_checkpoint
 from model.node_head import NodeClassifierHead, NodeHeadConfig
 from model.node_head_checkpoint import HEAD_CONFIG_FILE, save_node_head
+from service.client import (
+    AsyncDygserveClient,
+    BatchLimits,
+    ClientConfig,
+    DygserveClient,
+    NotFound,
+)
+from service.schemas import NodeQueryIn
 from tests.support.service_process import start_service
 
 from .conftest import make_checkpoint
@@ -29,11 +39,18 @@ EVENTS = [
 
 
 def add_head(folder, seed: int = 0) -> str:
-    """A node head (random weights, non-trivial standardisation) on the link checkpoint."""
+    """A node head (random weights, non-trivial standardisation) on the link checkpoint,
+    reading the recent pace (so the neighbour lists go through the service too), with
+    two members."""
     ckpt = load_checkpoint(folder)
     torch.manual_seed(seed)
     head = NodeClassifierHead(
-        NodeHeadConfig(link_model_version=ckpt.version, d_readout=ckpt.config.d_out)
+        NodeHeadConfig(
+            link_model_version=ckpt.version,
+            d_readout=ckpt.config.d_out,
+            use_recent_pace=True,
+            members=2,
+        )
     )
     head.fit_standardisation(torch.randn(64, head.config.input_dim))
     return save_node_head(folder, head)
@@ -168,6 +185,7 @@ def test_a_checkpoint_without_a_head_answers_404_and_reload_brings_it_back(clien
     r = client.post("/v1/admin/reload", json={"checkpoint": "plain"})
     assert r.status_code == 200, r.text
     try:
+        assert r.json()["node_head"] is None  # /v1/model says so too
         no_head = client.get("/v1/nodes/u1/classify", params={"t": 12.0})
         assert no_head.status_code == 404
         assert "no node-classification head" in no_head.json()["detail"]
@@ -209,3 +227,66 @@ def test_openapi_documents_the_routes(client):
         op = paths[path][method]
         assert {"200", "404", "422"} <= set(op["responses"])
         assert op["tags"] == ["classify"]
+
+
+def test_model_info_describes_the_head(client, classify_models):
+    info = client.get("/v1/model").json()
+    head = info["node_head"]
+    assert head is not None
+    assert head["head_version"] == client.get("/v1/nodes/u1/classify").json()["head_version"]
+    assert head["link_model_version"] == info["model_version"]
+    assert head["label"] == "label" and head["task"] == "node-classification"
+    assert head["inputs"]["recent_pace"] == 2 and head["inputs"]["event_features"] == 0
+    assert head["fine_tuned"] is False and head["metrics"] == {}  # no node_metrics.json here
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    assert "node_head" in schemas["ModelInfo"]["properties"]
+    assert "head_version" in schemas["NodeHeadInfo"]["properties"]
+
+
+def client_config(svc, max_nodes: int) -> ClientConfig:
+    return ClientConfig(
+        url=svc.url, trust_env=False, limits=BatchLimits(max_classify_nodes=max_nodes)
+    )
+
+
+QUERIES = [("u1", 12.0), ("u2", 12.0), ("u3", 40.0), ("i1", 12.0), ("u1", 3.0)]
+
+
+def test_the_client_classifies_one_node_and_batches(nc_service, client):
+    expected = classify(client, [{"node": n, "t": t} for n, t in QUERIES])
+    # Under the service's limit of 8 per request the client cuts 5 queries in 3 requests.
+    attempts = []
+    with DygserveClient(client_config(nc_service, 2), on_attempt=attempts.append) as c:
+        one = c.classify("u1", t=12.0)
+        assert one.logit == pytest.approx(expected["scores"][0]["logit"], abs=1e-6)
+        assert one.head_version == expected["head_version"]
+        mixed = [QUERIES[0], {"node": "u2", "t": 12.0}, NodeQueryIn(node="u3", t=40.0)]
+        got = c.classify_nodes([*mixed, *QUERIES[3:]])
+        assert [s.node for s in got.scores] == [n for n, _ in QUERIES]
+        assert [s.logit for s in got.scores] == pytest.approx(
+            [s["logit"] for s in expected["scores"]], abs=1e-6
+        )
+        assert got.scores[-1].clamped and got.head_version == expected["head_version"]
+        posts = [a.items for a in attempts if a.path == "/v1/classify"]
+        assert posts == [2, 2, 1]
+        with pytest.raises(NotFound, match="ghost"):
+            c.classify("ghost")
+
+
+def test_the_async_client_classifies_too(nc_service, client):
+    expected = classify(client, [{"node": n, "t": t} for n, t in QUERIES])
+
+    async def run():
+        async with AsyncDygserveClient(client_config(nc_service, 3)) as c:
+            one = await c.classify("u3", t=40.0)
+            many = await c.classify_nodes(QUERIES)
+            with pytest.raises(NotFound):
+                await c.classify_nodes([("u1", 1.0), ("ghost", 1.0)])
+            return one, many
+
+    one, many = asyncio.run(run())
+    assert one.logit == pytest.approx(expected["scores"][2]["logit"], abs=1e-6)
+    assert [s.logit for s in many.scores] == pytest.approx(
+        [s["logit"] for s in expected["scores"]], abs=1e-6
+    )
+    assert many.model_version == expected["model_version"]

@@ -2,14 +2,18 @@
 (each event's source read from the states before the event, then the event ingested)
 equal the service's over HTTP with a real Redis (max |difference| <= 1e-4), with a
 tiny link model and a head trained here on a prefix of MOOC (4 edge features, read
-by the head too, so the request's features path is covered)."""
+by the head too, so the request's features path is covered); then the same with the
+link model fine-tuned through the head (``--fine-tune``): the checkpoint serves its
+own link model, for links and classification, under its own version."""
 
 from __future__ import annotations
 
 import csv
 
 import numpy as np
+import pytest
 
+from model.checkpoint import load_checkpoint
 from tests.support.service_process import start_service
 from training import evaluate
 from training import train as train_cli
@@ -104,11 +108,11 @@ def served_test_logits(
     return out, first_seen
 
 
-def test_served_node_probabilities_equal_the_evaluator(redis_server, data_dir, tmp_path):
-    data = data_dir / "mooc" / "edges.csv.gz"
-    link, nc, scores_file = tmp_path / "link", tmp_path / "nc", tmp_path / "scores.csv"
+@pytest.fixture(scope="module")
+def tiny_link(data_dir, tmp_path_factory):
+    link = tmp_path_factory.mktemp("parity") / "link"
     train(
-        data,
+        data_dir / "mooc" / "edges.csv.gz",
         link,
         {"d_model": 8, "d_state": 4, "d_time": 4, "head_hidden": 16},
         epochs=1,
@@ -117,14 +121,26 @@ def test_served_node_probabilities_equal_the_evaluator(redis_server, data_dir, t
         window=4,
         test_eval=False,
     )
+    return link
+
+
+@pytest.mark.parametrize("fine_tune", [False, True], ids=["frozen", "fine-tuned"])
+def test_served_node_probabilities_equal_the_evaluator(
+    redis_server, data_dir, tmp_path, tiny_link, fine_tune
+):
+    data = data_dir / "mooc" / "edges.csv.gz"
+    nc, scores_file = tmp_path / "nc", tmp_path / "scores.csv"
     common = ["--data", str(data), "--max-events", str(N_EVENTS), "--no-progress"]
     assert (
         train_cli.main(
-            ["--task", "node-classification", "--base", str(link), "--out", str(nc)]
+            ["--task", "node-classification", "--base", str(tiny_link), "--out", str(nc)]
             + ["--epochs", "5", "--event-features", *common]
+            + (["--fine-tune"] if fine_tune else [])
         )
         == 0
     )
+    version = load_checkpoint(nc).version
+    assert (version != load_checkpoint(tiny_link).version) == fine_tune
     # `evaluate` picks the node-classification evaluator for a checkpoint with a head.
     assert (
         evaluate.main(
@@ -149,6 +165,14 @@ def test_served_node_probabilities_equal_the_evaluator(redis_server, data_dir, t
     try:
         with svc.client() as client:
             served, first_seen = served_test_logits(client, stream, split.test_time)
+            info = client.get("/v1/model").json()
+            assert info["model_version"] == version
+            assert info["node_head"]["fine_tuned"] == fine_tune
+            assert info["node_head"]["metrics"]["test"]["n_events"] == len(offline)
+            # One model for both tasks: links score on the same (fine-tuned) states.
+            pair = {"src": stream.src[-1], "dst": stream.dst[-1], "t": float(stream.t[-1])}
+            r = client.post("/v1/score", json={"pairs": [pair]})
+            assert r.status_code == 200 and r.json()["model_version"] == version, r.text
     finally:
         svc.stop()
 

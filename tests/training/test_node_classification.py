@@ -24,6 +24,7 @@ from training.node_classification import (
     train_node_classifier,
 )
 from training.node_evaluate import evaluate_node_checkpoint
+from training.node_finetune import FineTuneConfig
 from training.node_replay import collect_source_inputs
 from training.node_results import BEGIN, END, update_doc
 from training.replay import StreamReplay
@@ -97,6 +98,39 @@ def test_trainer_writes_a_checkpoint_the_evaluator_reproduces(wiki, tmp_path):
             assert evaluated[split]["auc"] == pytest.approx(metrics[split]["auc"], abs=1e-6)
 
 
+def test_fine_tuning_writes_its_own_link_model_that_the_evaluator_reads(wiki, tmp_path):
+    out = tmp_path / "ft"
+    cfg = NodeTrainConfig(epochs=3, fine_tune=FineTuneConfig(epochs=1))
+    metrics = train_node_classifier(wiki, DEFAULT_CHECKPOINT, out, cfg, max_events=N_EVENTS)
+    base, tuned = load_checkpoint(DEFAULT_CHECKPOINT), load_checkpoint(out)
+    # Its own link model: other weights, so another version (and other cached states).
+    assert tuned.version != base.version and metrics["model_version"] == tuned.version
+    assert metrics["fine_tune"]["fine_tuned_from"] == base.version
+    assert tuned.metrics["fine_tuned_from"] == base.version
+    moved = [
+        not torch.equal(a, b)
+        for a, b in zip(base.model.parameters(), tuned.model.parameters(), strict=True)
+    ]
+    assert any(moved)
+    assert 0.5 < metrics["fine_tune"]["link_val_ap_after"] <= 1.0  # link quality measured
+    # The frozen head it started from is reported as it was before fine-tuning moved it.
+    frozen = train_node_classifier(
+        wiki,
+        DEFAULT_CHECKPOINT,
+        tmp_path / "frozen",
+        cfg.model_copy(update={"fine_tune": None}),
+        max_events=N_EVENTS,
+    )
+    assert metrics["base_frozen"]["test"]["auc"] == pytest.approx(frozen["test"]["auc"], abs=1e-9)
+    head = load_node_head(out, tuned.version)
+    assert head is not None and head.version == metrics["head_version"]
+    assert head.config.link_model_version == tuned.version
+    evaluated = evaluate_node_checkpoint(out, wiki, max_events=N_EVENTS)
+    assert evaluated["model_version"] == tuned.version
+    assert evaluated["test"]["n_positives"] > 0
+    assert evaluated["test"]["auc"] == pytest.approx(metrics["test"]["auc"], abs=1e-6)
+
+
 def test_a_stream_without_labels_is_refused(data_dir, tmp_path):
     with pytest.raises(ValueError, match="no label column"):
         train_node_classifier(
@@ -146,3 +180,10 @@ def test_results_rewrites_only_its_section(tmp_path):
     again = doc.read_text()
     assert again.count(BEGIN) == 1 and "new link tables" in again and again.endswith("trailer\n")
     assert not update_doc(doc, tmp_path / "nothing")
+    # A base that came out of --fine-tune is named so, with the command that made it.
+    summary["link_fine_tuned_from"] = "0123456789abcdef"
+    (folder / "summary.json").write_text(json.dumps(summary))
+    assert update_doc(doc, tmp_path / "out")
+    text = doc.read_text()
+    assert "fine-tuned through a head from `0123456789abcdef`" in text
+    assert "--base runs/wikipedia-link --out runs/wiki-link --fine-tune" in text

@@ -16,10 +16,12 @@ from service.client.batching import (
     body_of,
     cut,
     encode_rows,
+    node_query_requests,
+    node_query_rows,
     prepare_events,
     random_event_ids,
 )
-from service.schemas import EventIn, EventsResponse, Rejected
+from service.schemas import EventIn, EventsResponse, NodeQueryIn, Rejected
 
 
 @given(
@@ -108,3 +110,21 @@ def test_a_call_that_fits_is_one_request_with_the_same_bytes():
     two = IngestPlan.build(one.rows, tight, validate=True, assign_ids=True)
     assert len(two.batches) == 2 and two.rows == one.rows
     assert IngestPlan.build([], BatchLimits(), validate=True, assign_ids=True).batches == []
+
+
+def test_node_queries_from_tuples_mappings_and_models_are_cut_under_the_limits():
+    rows = node_query_rows(
+        [("a", 1.0), {"node": "b", "t": None}, NodeQueryIn(node="c", t=2.0, features=[0.5])]
+    )
+    assert rows == [
+        {"node": "a", "t": 1.0},
+        {"node": "b"},  # no t: the service's latest event time
+        {"node": "c", "t": 2.0, "features": [0.5]},
+    ]
+    requests = node_query_requests(rows * 3, BatchLimits(max_classify_nodes=4))
+    assert [n for _, n in requests] == [4, 4, 1]
+    sent = [q for body, _ in requests for q in json.loads(body)["nodes"]]
+    assert sent == rows * 3
+    with pytest.raises(ValidationFailed) as refused:
+        node_query_rows([("a", float("nan"))])
+    assert refused.value.local and refused.value.issues[0].loc[:3] == ["body", "nodes", 0]
