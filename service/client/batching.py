@@ -228,25 +228,23 @@ class IngestPlan:
 
 def pair_requests(rows: list[dict[str, Any]], limits: BatchLimits) -> list[tuple[bytes, int]]:
     """Bodies of ``POST /v1/score`` under the limits, with their pair counts."""
-    parts = encode_rows(rows)
-    slices = cut(
-        [len(p) for p in parts],
-        limits.max_score_pairs,
-        limits.max_body_bytes,
-        PAIRS_ENVELOPE,
-        "pairs",
+    return _row_requests(
+        rows, limits.max_score_pairs, limits.max_body_bytes, "pairs", PAIRS_ENVELOPE
     )
-    return [(body_of(b"pairs", parts[r.start : r.stop]), len(r)) for r in slices]
 
 
 def node_query_requests(rows: list[dict[str, Any]], limits: BatchLimits) -> list[tuple[bytes, int]]:
     """Bodies of ``POST /v1/classify`` under the limits, with their node counts."""
-    parts = encode_rows(rows)
-    slices = cut(
-        [len(p) for p in parts],
-        limits.max_classify_nodes,
-        limits.max_body_bytes,
-        NODES_ENVELOPE,
-        "nodes",
+    return _row_requests(
+        rows, limits.max_classify_nodes, limits.max_body_bytes, "nodes", NODES_ENVELOPE
     )
-    return [(body_of(b"nodes", parts[r.start : r.stop]), len(r)) for r in slices]
+
+
+def _row_requests(
+    rows: list[dict[str, Any]], max_rows: int, max_bytes: int, field: str, envelope: int
+) -> list[tuple[bytes, int]]:
+    """Bodies ``{field: [...]}`` of at most ``max_rows`` rows and ``max_bytes`` bytes."""
+    parts = encode_rows(rows)
+    slices = cut([len(p) for p in parts], max_rows, max_bytes, envelope, field)
+    key = field.encode()
+    return [(body_of(key, parts[r.start : r.stop]), len(r)) for r in slices]
