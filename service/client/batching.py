@@ -64,11 +64,7 @@ def prepare_events(
     mappings are copied, never changed."""
     given = list(events)
     if validate:
-        try:
-            models = _EVENTS.validate_python(given)
-        except ValidationError as exc:
-            raise ValidationFailed.from_validation(exc, ("body", "events")) from exc
-        rows: list[dict[str, Any]] = _EVENTS.dump_python(models, exclude_none=True)
+        rows = _checked_rows(_EVENTS, given, "events", exclude_none=True)
     else:
         rows = [
             e.model_dump(exclude_none=True) if isinstance(e, EventIn) else dict(e) for e in given
@@ -90,12 +86,7 @@ def pair_rows(pairs: Iterable[PairLike], *, validate: bool = True) -> list[dict[
             given.append(p)
     if not validate:
         return [p.model_dump() if isinstance(p, PairIn) else dict(p) for p in given]
-    try:
-        models = _PAIRS.validate_python(given)
-    except ValidationError as exc:
-        raise ValidationFailed.from_validation(exc, ("body", "pairs")) from exc
-    rows: list[dict[str, Any]] = _PAIRS.dump_python(models)
-    return rows
+    return _checked_rows(_PAIRS, given, "pairs", exclude_none=False)
 
 
 def node_query_rows(
@@ -105,18 +96,26 @@ def node_query_rows(
     leave the field out (a head that reads none refuses any)."""
     given: list[Any] = [{"node": q[0], "t": q[1]} if isinstance(q, tuple) else q for q in queries]
     if validate:
-        try:
-            models = _NODE_QUERIES.validate_python(given)
-        except ValidationError as exc:
-            raise ValidationFailed.from_validation(exc, ("body", "nodes")) from exc
-        rows: list[dict[str, Any]] = _NODE_QUERIES.dump_python(models, exclude_none=True)
-        return rows
+        return _checked_rows(_NODE_QUERIES, given, "nodes", exclude_none=True)
     return [
         q.model_dump(exclude_none=True)
         if isinstance(q, NodeQueryIn)
         else {k: v for k, v in dict(q).items() if v is not None}
         for q in given
     ]
+
+
+def _checked_rows(
+    adapter: TypeAdapter[Any], given: list[Any], field: str, *, exclude_none: bool
+) -> list[dict[str, Any]]:
+    """``given`` checked against the server's own request model (``ValidationFailed``
+    with the service's error locations, ``("body", field, ...)``; nothing sent), as rows."""
+    try:
+        models = adapter.validate_python(given)
+    except ValidationError as exc:
+        raise ValidationFailed.from_validation(exc, ("body", field)) from exc
+    rows: list[dict[str, Any]] = adapter.dump_python(models, exclude_none=exclude_none)
+    return rows
 
 
 def encode_rows(rows: Sequence[Mapping[str, Any]]) -> list[bytes]:
