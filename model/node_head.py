@@ -5,8 +5,10 @@ its SSM state decayed to tau and read out (``DygMambaLinkModel.node_readout``), 
 three activity numbers the state's header holds (time since its last event in the
 model's decay units, log of its event count, whether it has any event), the pace of
 its recent events (from the event times of the recent-neighbour list kept in the same
-blob: the mean standardised log-gap between consecutive events before tau), and,
-where the head was trained with them, the features of the event being classified. A small MLP
+blob: the mean standardised log-gap between consecutive events before tau), where the
+head was trained with them the features of the event being classified, and, where it
+reads them, learned embeddings of the node's latest neighbours' hashed ids (which
+items a student visited last: where in a course they stand). A small MLP
 (``NodeClassifierHead``) maps that to one logit. The head never writes state, and a
 query reads only the node's own state, so the offline evaluator and the service
 compute the same number from the same state (``node_head_inputs`` is that one
@@ -24,7 +26,7 @@ from torch import nn
 
 from .config import TimeNormalisation
 from .link_model import DygMambaLinkModel
-from .node_state import NeighbourLists, NodeStates
+from .node_state import PAD_KEY, NeighbourLists, NodeStates
 from .ssm import gap_units
 from .time_encoding import standardised_log_span
 
@@ -51,18 +53,33 @@ class NodeHeadConfig(BaseModel):
     event_feature_dim: int = Field(
         0, ge=0, description="features of the classified event in the input (0 = none)"
     )
+    recent_neighbours: int = Field(
+        0, ge=0, le=64, description="embeddings of the latest k neighbours' hashed ids (0 = none)"
+    )
+    neighbour_embedding_dim: int = Field(8, ge=1, le=256)
+    neighbour_buckets: int = Field(1024, ge=1, le=1 << 20, description="hash buckets of the ids")
     hidden: int = Field(64, ge=1)
     members: int = Field(1, ge=1, description="MLPs whose logits are averaged")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="training only")
 
     @property
-    def input_dim(self) -> int:
+    def numeric_dim(self) -> int:
+        """The standardised inputs: read-out, activity, recent pace, event features."""
         return (
             self.d_readout
             + (ACTIVITY_DIM if self.use_activity else 0)
             + (RECENT_PACE_DIM if self.use_recent_pace else 0)
             + self.event_feature_dim
         )
+
+    @property
+    def input_dim(self) -> int:
+        """The numeric inputs, then one bucket index per recent neighbour (embedded)."""
+        return self.numeric_dim + self.recent_neighbours
+
+    @property
+    def reads_neighbour_lists(self) -> bool:
+        return self.use_recent_pace or self.recent_neighbours > 0
 
 
 def recent_pace(times: torch.Tensor, norm: TimeNormalisation) -> torch.Tensor:
@@ -88,6 +105,22 @@ def recent_pace(times: torch.Tensor, norm: TimeNormalisation) -> torch.Tensor:
     return torch.stack([torch.where(has, mean, 0.0), has.to(torch.float32)], dim=-1)
 
 
+def recent_neighbour_buckets(keys: torch.Tensor, depth: int, buckets: int) -> torch.Tensor:
+    """(N, depth) float32: the hash buckets of each node's latest ``depth`` neighbours,
+    newest first, ``buckets`` (an extra row) where the list has fewer.
+
+    ``keys`` are the recent-neighbour list's node keys (N, L), oldest first and
+    right-aligned. The newest entries count whatever the query time, as for the recent
+    pace (the list is kept at the state's watermark). The indices travel in the float
+    input tensor (exact below 2**24), so every path calls the head with one tensor."""
+    newest = torch.flip(keys[:, -depth:], [1]) if depth <= keys.shape[1] else None
+    if newest is None:  # a list shorter than depth: pad the older ranks
+        pad = torch.full((len(keys), depth - keys.shape[1]), PAD_KEY, dtype=keys.dtype)
+        newest = torch.cat([torch.flip(keys, [1]), pad], dim=1)
+    bucket = torch.where(newest == PAD_KEY, buckets, torch.remainder(newest, buckets))
+    return bucket.to(torch.float32)
+
+
 @torch.no_grad()
 def node_head_inputs(
     model: DygMambaLinkModel,
@@ -98,7 +131,8 @@ def node_head_inputs(
     neighbours: NeighbourLists | None = None,
 ) -> torch.Tensor:
     """(N, input_dim) head inputs of N nodes at times tau (float64), from their states
-    (and their recent-neighbour lists, for a head that reads the recent pace).
+    (and their recent-neighbour lists, for a head that reads the recent pace or the
+    latest neighbours).
 
     A query earlier than a node's last event reads the state at its last event (the
     link model's decay clamps the gap to 0), as link scoring does.
@@ -115,7 +149,7 @@ def node_head_inputs(
         states.n_events,
         tau,
         features,
-        None if neighbours is None else neighbours.times,
+        neighbours,
     )
 
 
@@ -127,10 +161,10 @@ def inputs_around_readout(
     n_events: torch.Tensor,
     tau: torch.Tensor,
     features: torch.Tensor | None = None,
-    neighbour_times: torch.Tensor | None = None,
+    neighbours: NeighbourLists | None = None,
 ) -> torch.Tensor:
     """The head input from a read-out already made: [read-out, activity, recent pace,
-    event features]. ``node_head_inputs`` (evaluator, service) calls it without
+    event features, latest neighbours' buckets]. ``node_head_inputs`` (evaluator, service) calls it without
     gradients; fine-tuning calls it with the read-out of the link trainer's re-scan,
     which carries them, so there is one definition of the input for all three."""
     tau = tau.to(torch.float64)
@@ -144,24 +178,33 @@ def inputs_around_readout(
             torch.log1p(n_events.to(torch.float32)).unsqueeze(-1),
             has.to(torch.float32).unsqueeze(-1),
         ]
+    if config.reads_neighbour_lists and neighbours is None:
+        raise ValueError("this head reads the neighbour lists: pass the nodes' lists")
     if config.use_recent_pace:
-        if neighbour_times is None:
-            raise ValueError("this head reads the recent pace: pass the nodes' neighbour lists")
-        parts.append(recent_pace(neighbour_times, norm))
+        assert neighbours is not None
+        parts.append(recent_pace(neighbours.times, norm))
     if config.event_feature_dim:
         if features is None or features.shape != (len(tau), config.event_feature_dim):
             raise ValueError(
                 f"this head reads the classified event's {config.event_feature_dim} features"
             )
         parts.append(features.to(torch.float32))
+    if config.recent_neighbours:
+        assert neighbours is not None
+        parts.append(
+            recent_neighbour_buckets(
+                neighbours.keys, config.recent_neighbours, config.neighbour_buckets
+            )
+        )
     return torch.cat(parts, dim=-1)
 
 
 class NodeClassifierHead(nn.Module):
-    """Standardise the inputs, then ``members`` two-hidden-layer MLPs, each to one
-    logit; the head's logit is their mean (an ensemble in one checkpoint: with a few
-    hundred positives, one MLP's early-stopped epoch is noisy, and the mean of several
-    is steadier)."""
+    """Standardise the numeric inputs, embed the recent neighbours' buckets (one table
+    per rank, shared by the members), then ``members`` two-hidden-layer MLPs, each to
+    one logit; the head's logit is their mean (an ensemble in one checkpoint: with a
+    few hundred positives, one MLP's early-stopped epoch is noisy, and the mean of
+    several is steadier)."""
 
     input_mean: torch.Tensor
     input_std: torch.Tensor
@@ -169,9 +212,20 @@ class NodeClassifierHead(nn.Module):
     def __init__(self, config: NodeHeadConfig) -> None:
         super().__init__()
         self.config = config
-        d = config.input_dim
+        d = config.numeric_dim
         self.register_buffer("input_mean", torch.zeros(d))
         self.register_buffer("input_std", torch.ones(d))
+        if config.recent_neighbours:
+            # Small start (as the link model's identity tables): with Adam every entry
+            # moves about lr per step whatever its scale.
+            tables = [
+                nn.Embedding(config.neighbour_buckets + 1, config.neighbour_embedding_dim)
+                for _ in range(config.recent_neighbours)
+            ]
+            for table in tables:
+                nn.init.normal_(table.weight, std=0.1)
+            self.neighbour_tables = nn.ModuleList(tables)
+            d += config.recent_neighbours * config.neighbour_embedding_dim
         # One member keeps the attribute name of heads saved before ensembles existed.
         if config.members == 1:
             self.mlp = self._mlp(d)
@@ -190,13 +244,21 @@ class NodeClassifierHead(nn.Module):
 
     def fit_standardisation(self, x: torch.Tensor) -> None:
         """Mean and std of the training inputs (a constant column gets std 1)."""
+        x = x[:, : self.config.numeric_dim]
         self.input_mean.copy_(x.mean(dim=0))
         std = x.std(dim=0)
         self.input_std.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))
 
     def member_logits(self, x: torch.Tensor) -> torch.Tensor:
         """(N, members): each member's logit (training puts a loss on each)."""
-        z = (x - self.input_mean) / self.input_std
+        numeric = self.config.numeric_dim
+        z = (x[:, :numeric] - self.input_mean) / self.input_std
+        if self.config.recent_neighbours:
+            buckets = x[:, numeric:].to(torch.long)
+            z = torch.cat(
+                [z, *(table(buckets[:, r]) for r, table in enumerate(self.neighbour_tables))],
+                dim=-1,
+            )
         if self.config.members == 1:
             return self.mlp(z)
         return torch.cat([m(z) for m in self.mlps], dim=-1)

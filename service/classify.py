@@ -100,7 +100,7 @@ def classify_nodes(
             states.select(idx).to(rt.device),
             tau.to(rt.device),
             None if feats is None else feats.to(rt.device),
-            lists.select(idx).to(rt.device) if head.config.use_recent_pace else None,
+            lists.select(idx).to(rt.device) if head.config.reads_neighbour_lists else None,
         )
         logits = head.head(x.cpu()).tolist()
     t_last = states.t_last[idx].tolist()

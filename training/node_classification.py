@@ -83,6 +83,9 @@ class NodeTrainConfig(BaseModel):
     event_features: bool = Field(
         False, description="also read the classified event's features (the service then needs them)"
     )
+    recent_neighbours: int = Field(
+        0, ge=0, le=64, description="embed the latest k neighbours' hashed ids (0 = none)"
+    )
     imbalance: Literal["balanced", "sqrt", "none"] = Field(
         "balanced",
         description="positive weight in the BCE: negatives/positives, its square root, or 1",
@@ -198,6 +201,7 @@ def replay_inputs(
         use_activity=cfg.use_activity,
         use_recent_pace=cfg.recent_pace,
         event_feature_dim=data.feature_dim if cfg.event_features else 0,
+        recent_neighbours=cfg.recent_neighbours,
         hidden=cfg.hidden,
         members=cfg.members,
         dropout=cfg.dropout,
@@ -321,6 +325,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="leave out the recent pace input (the mean log-gap of the node's recent events)",
     )
     ap.add_argument(
+        "--recent-neighbours",
+        type=int,
+        default=NodeTrainConfig().recent_neighbours,
+        metavar="K",
+        help="embed the node's latest K neighbours' hashed ids (0 = none)",
+    )
+    ap.add_argument(
         "--fine-tune",
         action="store_true",
         help="also train the link model (link loss kept, smaller learning rate): the output"
@@ -346,6 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         event_features=args.event_features,
         recent_pace=not args.no_recent_pace,
+        recent_neighbours=args.recent_neighbours,
         fine_tune=FineTuneConfig(epochs=args.fine_tune_epochs, encoder_lr=args.encoder_lr)
         if args.fine_tune
         else None,

@@ -122,7 +122,7 @@ def fine_tune_link_model(
                 torch.from_numpy(seen),
                 torch.from_numpy(data.t[ev]),
                 feats[ev] if head.config.event_feature_dim else None,
-                index.neighbour_lists(src, seen, length).times,
+                index.neighbour_lists(src, seen, length),
             )
             z = head.member_logits(x)
             node_loss = F.binary_cross_entropy_with_logits(

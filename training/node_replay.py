@@ -72,7 +72,7 @@ def collect_source_inputs(
                 b = min(stop, a + READ_CHUNK)
                 nodes = torch.from_numpy(data.src[a:b])
                 feats = torch.from_numpy(data.features[a:b]) if config.event_feature_dim else None
-                lists = rep.neighbour_lists(data.src[a:b]) if config.use_recent_pace else None
+                lists = rep.neighbour_lists(data.src[a:b]) if config.reads_neighbour_lists else None
                 out[a:b] = node_head_inputs(
                     model,
                     config,

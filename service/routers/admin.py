@@ -39,6 +39,7 @@ def node_head_info(rt: ModelRuntime) -> NodeHeadInfo | None:
     inputs = {"readout": c.d_readout, "event_features": c.event_feature_dim}
     inputs["activity"] = ACTIVITY_DIM if c.use_activity else 0
     inputs["recent_pace"] = RECENT_PACE_DIM if c.use_recent_pace else 0
+    inputs["recent_neighbours"] = c.recent_neighbours
     shown = {k: loaded.metrics[k] for k in NODE_METRIC_KEYS if k in loaded.metrics}
     tuned = loaded.metrics.get("fine_tune")
     if isinstance(tuned, dict):

@@ -19,6 +19,7 @@ from model.node_head import (
     NodeClassifierHead,
     NodeHeadConfig,
     node_head_inputs,
+    recent_neighbour_buckets,
     recent_pace,
 )
 from model.node_head_checkpoint import (
@@ -174,4 +175,50 @@ def test_an_ensemble_head_is_the_mean_of_its_members_and_round_trips(tmp_path, m
     version = save_node_head(tmp_path, head)
     loaded = load_node_head(tmp_path, link_version)
     assert loaded is not None and loaded.version == version and loaded.config.members == 3
+    torch.testing.assert_close(loaded.head(x), head(x))
+
+
+def test_recent_neighbour_buckets_are_the_newest_keys_hashed_newest_first():
+    keys = torch.tensor([[-1, 5, 1030, 7], [-1, -1, -1, 3], [-1, -1, -1, -1]])
+    b = recent_neighbour_buckets(keys, 3, 1024)
+    # 1030 falls in bucket 6; an empty rank is the extra row 1024.
+    assert b.tolist() == [[7.0, 6.0, 5.0], [3.0, 1024.0, 1024.0], [1024.0] * 3]
+    # A list shorter than the depth pads the older ranks.
+    assert recent_neighbour_buckets(keys[:, -2:], 3, 1024)[0].tolist() == [7.0, 6.0, 1024.0]
+
+
+def test_a_head_that_embeds_recent_neighbours_reads_them_and_round_trips(tmp_path, model):
+    link_version = save_checkpoint(tmp_path, model)
+    cfg = NodeHeadConfig(
+        link_model_version=link_version,
+        d_readout=model.config.d_out,
+        use_recent_pace=True,
+        recent_neighbours=2,
+        neighbour_buckets=16,
+        members=2,
+    )
+    assert cfg.reads_neighbour_lists and cfg.input_dim == cfg.numeric_dim + 2
+    st = states_after(model, [events([1.0, 2.0]), events([1.0, 2.0])])
+    tau = torch.tensor([3.0, 3.0], dtype=torch.float64)
+    lists = NeighbourLists.from_lists([[4, 9], [4, 21]], [[1.0, 2.0], [1.0, 2.0]], 4)
+    with pytest.raises(ValueError, match="neighbour lists"):
+        node_head_inputs(model, cfg, st, tau)
+    x = node_head_inputs(model, cfg, st, tau, neighbours=lists)
+    assert x[:, -2:].tolist() == [[9.0, 4.0], [5.0, 4.0]]
+    torch.manual_seed(3)
+    head = NodeClassifierHead(cfg).eval()
+    head.fit_standardisation(
+        torch.cat([torch.randn(20, cfg.numeric_dim), x[:1].expand(20, -1)[:, -2:]], 1)
+    )
+    # Only the numeric columns are standardised; the buckets pick embedding rows, so
+    # the two nodes (same state, another newest neighbour) get different logits.
+    assert head.input_mean.shape == (cfg.numeric_dim,)
+    logits = head(x)
+    assert logits[0] != logits[1]
+    with torch.no_grad():
+        head.neighbour_tables[0].weight[5] = head.neighbour_tables[0].weight[9]
+    torch.testing.assert_close(head(x)[0], head(x)[1])
+    version = save_node_head(tmp_path, head)
+    loaded = load_node_head(tmp_path, link_version)
+    assert loaded is not None and loaded.version == version
     torch.testing.assert_close(loaded.head(x), head(x))

@@ -2,7 +2,8 @@
 (each event's source read from the states before the event, then the event ingested)
 equal the service's over HTTP with a real Redis (max |difference| <= 1e-4), with a
 tiny link model and a head trained here on a prefix of MOOC (4 edge features, read
-by the head too, so the request's features path is covered); then the same with the
+by the head too, so the request's features path is covered, and the embeddings of each
+source's latest 3 neighbours, read from the cached lists); then the same with the
 link model fine-tuned through the head (``--fine-tune``): the checkpoint serves its
 own link model, for links and classification, under its own version."""
 
@@ -134,7 +135,7 @@ def test_served_node_probabilities_equal_the_evaluator(
     assert (
         train_cli.main(
             ["--task", "node-classification", "--base", str(tiny_link), "--out", str(nc)]
-            + ["--epochs", "5", "--event-features", *common]
+            + ["--epochs", "5", "--event-features", "--recent-neighbours", "3", *common]
             + (["--fine-tune"] if fine_tune else [])
         )
         == 0
