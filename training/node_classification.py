@@ -11,7 +11,9 @@
    source's state at that interaction, DyGLib/JODIE) on the events of the
    chronological training split (t <= the 70% time quantile), with BCE weighted by
    negatives/positives (Wikipedia: 217 positives in 157,474 events), Adam, and early
-   stopping on validation AUC-ROC (the best epoch is kept).
+   stopping on validation AUC-ROC (the best epoch is kept). Unless ``--recent-neighbours``
+   fixes it, a head is fitted with and without the embedding of the node's latest
+   neighbour's id (``RECENT_NEIGHBOUR_CHOICES``), and the better on validation is kept.
 3. The output folder is a full checkpoint: the link checkpoint's files, unchanged
    (same model version, so the service's cached states serve both tasks), plus the
    head (``model.node_head_checkpoint``: safetensors + JSON, its own head version),
@@ -31,7 +33,7 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,6 +61,10 @@ from .node_finetune import FineTuneConfig, fine_tune_link_model
 from .node_replay import collect_source_inputs
 from .node_task import asks_node_task as asks_node_task  # re-exported: tests, callers
 
+# The recent-neighbour depths the trainer tries when none is given (0 first: a tie
+# keeps the smaller head).
+RECENT_NEIGHBOUR_CHOICES = (0, 1)
+
 
 class NodeTrainConfig(BaseModel):
     """How the head is trained (saved in ``node_metrics.json``)."""
@@ -83,8 +89,14 @@ class NodeTrainConfig(BaseModel):
     event_features: bool = Field(
         False, description="also read the classified event's features (the service then needs them)"
     )
-    recent_neighbours: int = Field(
-        0, ge=0, le=64, description="embed the latest k neighbours' hashed ids (0 = none)"
+    # None: the trainer fits a head for each of RECENT_NEIGHBOUR_CHOICES and keeps the
+    # one with the best validation AUC (MOOC: 1, +0.8 validation AUC; Wikipedia: 0,
+    # where it cost 0.8; docs/RESULTS.md). An int fixes it.
+    recent_neighbours: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="embed the latest k neighbours' hashed ids (0 = none; None = chosen on validation)",
     )
     imbalance: Literal["balanced", "sqrt", "none"] = Field(
         "balanced",
@@ -94,6 +106,12 @@ class NodeTrainConfig(BaseModel):
     fine_tune: FineTuneConfig | None = Field(
         None, description="also train the link model (training/node_finetune.py); None = frozen"
     )
+
+    @property
+    def recent_neighbour_choices(self) -> tuple[int, ...]:
+        if self.recent_neighbours is None:
+            return RECENT_NEIGHBOUR_CHOICES
+        return (self.recent_neighbours,)
 
 
 def fit_head(
@@ -201,7 +219,8 @@ def replay_inputs(
         use_activity=cfg.use_activity,
         use_recent_pace=cfg.recent_pace,
         event_feature_dim=data.feature_dim if cfg.event_features else 0,
-        recent_neighbours=cfg.recent_neighbours,
+        # The deepest choice: a narrower head reads the first columns (``narrowed``).
+        recent_neighbours=max(cfg.recent_neighbour_choices),
         hidden=cfg.hidden,
         members=cfg.members,
         dropout=cfg.dropout,
@@ -221,15 +240,51 @@ def replay_inputs(
     )
 
 
-def fitted_head(
-    inputs: ReplayedInputs, cfg: NodeTrainConfig, progress: bool = False
-) -> tuple[NodeClassifierHead, list[dict[str, float]]]:
-    torch.manual_seed(cfg.seed)
-    head = NodeClassifierHead(inputs.head_config)
-    history = fit_head(
-        head, inputs.x, inputs.y, inputs.masks["train"], inputs.masks["val"], cfg, progress
+def narrowed(inputs: ReplayedInputs, recent_neighbours: int) -> ReplayedInputs:
+    """The same inputs for a head that reads only the latest ``recent_neighbours``
+    neighbours (their bucket columns come last, newest first)."""
+    config = inputs.head_config.model_copy(update={"recent_neighbours": recent_neighbours})
+    if config == inputs.head_config:
+        return inputs
+    return replace(
+        inputs, head_config=config, x=np.ascontiguousarray(inputs.x[:, : config.input_dim])
     )
-    return head, history
+
+
+@dataclass
+class FittedHead:
+    head: NodeClassifierHead
+    history: list[dict[str, float]]
+    inputs: ReplayedInputs  # narrowed to what the head reads
+    # Best validation AUC of each recent-neighbour depth tried (one entry when fixed).
+    choice_val_auc: dict[int, float]
+
+
+def fitted_head(inputs: ReplayedInputs, cfg: NodeTrainConfig, progress: bool = False) -> FittedHead:
+    """One head per recent-neighbour depth in ``cfg``'s choices, each with the same seed;
+    the one with the best validation AUC is kept."""
+    best: FittedHead | None = None
+    best_score = -math.inf
+    scores: dict[int, float] = {}
+    for k in cfg.recent_neighbour_choices:
+        torch.manual_seed(cfg.seed)
+        candidate = narrowed(inputs, k)
+        head = NodeClassifierHead(candidate.head_config)
+        history = fit_head(
+            head,
+            candidate.x,
+            candidate.y,
+            candidate.masks["train"],
+            candidate.masks["val"],
+            cfg,
+            progress,
+        )
+        finite = [h["val_auc"] for h in history if math.isfinite(h["val_auc"])]
+        scores[k] = max(finite, default=-math.inf)
+        if best is None or scores[k] > best_score:
+            best, best_score = FittedHead(head, history, candidate, scores), scores[k]
+    assert best is not None
+    return best
 
 
 def fit_and_save(
@@ -238,8 +293,9 @@ def fit_and_save(
     """Fit one head (seed ``cfg.seed``) on replayed inputs; write the checkpoint to ``out``."""
     out = Path(out)
     t1 = time.perf_counter()
-    head, history = fitted_head(inputs, cfg, progress)
+    fitted = fitted_head(inputs, cfg, progress)
     fit_s = time.perf_counter() - t1
+    head, history, inputs = fitted.head, fitted.history, fitted.inputs
     metrics: dict[str, Any] = split_metrics(inputs.y, head_logits(head, inputs.x), inputs.masks)
     copy_link_checkpoint(inputs.base, out)
     version = save_node_head(out, head)
@@ -252,6 +308,8 @@ def fit_and_save(
         data=inputs.data_path,
         events=inputs.events,
         train_config=cfg.model_dump(),
+        recent_neighbours=inputs.head_config.recent_neighbours,
+        recent_neighbours_val_auc={str(k): v for k, v in fitted.choice_val_auc.items()},
         history=history,
         # The kept epoch: the best validation AUC (the last one when there is none).
         best_epoch=int(np.argmax(finite)) if max(finite) > -math.inf else len(history) - 1,
@@ -280,9 +338,12 @@ def train_node_classifier(
         return fit_and_save(inputs, out, cfg, progress)
     # Fine-tuning: a head on the frozen base first, then both together, then the
     # output's own head on the fine-tuned model's frozen states (node_finetune).
-    start_head, _ = fitted_head(inputs, cfg, progress)
+    start = fitted_head(inputs, cfg, progress)
+    start_head = start.head
     # The frozen head's figures, for comparison (fine-tuning then trains this head on).
-    frozen = split_metrics(inputs.y, head_logits(start_head, inputs.x), inputs.masks)
+    frozen = split_metrics(
+        start.inputs.y, head_logits(start_head, start.inputs.x), start.inputs.masks
+    )
     tuned = fine_tune_link_model(
         base, data_path, out, start_head, cfg.fine_tune, cfg.seed, max_events, progress
     )
@@ -329,7 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=NodeTrainConfig().recent_neighbours,
         metavar="K",
-        help="embed the node's latest K neighbours' hashed ids (0 = none)",
+        help="embed the node's latest K neighbours' hashed ids (0 = none; default: "
+        f"whichever of {RECENT_NEIGHBOUR_CHOICES} gives the best validation AUC)",
     )
     ap.add_argument(
         "--fine-tune",

@@ -42,6 +42,22 @@ GOALS = {"wikipedia": "≥ 90", "mooc": "≥ 81"}
 NAMES = {"wikipedia": "Wikipedia (banned editors)", "mooc": "MOOC (drop-out)"}
 
 
+def _recent_neighbours_note(runs: list[dict[str, Any]]) -> str:
+    """Which recent-neighbour depth each seed's head kept, and the validation AUC of each
+    depth tried (heads made before the choice existed say nothing)."""
+    if not all("recent_neighbours" in r for r in runs):
+        return ""
+    tried = "; ".join(
+        "/".join(
+            f"{k}: {_pct(v) if v is not None else 'n/a'}"
+            for k, v in r["recent_neighbours_val_auc"].items()
+        )
+        for r in runs
+    )
+    kept = ", ".join(str(r["recent_neighbours"]) for r in runs)
+    return f"; latest neighbours read: {kept} (validation AUC per depth tried: {tried})"
+
+
 def _log(msg: str) -> None:
     print(f"[{datetime.now().strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -82,6 +98,8 @@ def run_node_classification(
                 "test": trained["test"],
                 "head_version": trained["head_version"],
                 "best_epoch": trained["best_epoch"],
+                "recent_neighbours": trained["recent_neighbours"],
+                "recent_neighbours_val_auc": trained["recent_neighbours_val_auc"],
                 "epochs_run": len(trained["history"]),
                 "fit_s": trained["fit_seconds"],
             }
@@ -141,7 +159,8 @@ def render_section(summaries: list[dict[str, Any]]) -> str:
         "the stream is replayed in time order, each event's source is read from its cached state "
         "before the event (decayed to the event's time and read out, plus its age and event count, "
         "and its recent pace: the mean log-gap between the events of its cached neighbour list; "
-        "on MOOC also the event's 4 features), "
+        "on MOOC also the event's 4 features; where the head kept it, an embedding of the hashed "
+        "id of its latest neighbour, a depth the trainer chooses on validation AUC), "
         "then the event is ingested -- the same functions the service's `/v1/classify` runs "
         "(tested equal over HTTP). AUC-ROC over all of a split's events; split chronological "
         "70/15/15 at the time quantiles. The head (5 MLPs averaged by default; the provenance below "
@@ -180,7 +199,8 @@ def render_section(summaries: list[dict[str, Any]]) -> str:
             f"{s['train_config']['epochs']} epochs, patience {s['train_config']['patience']}, "
             f"stopped after {', '.join(str(r['epochs_run']) for r in runs)}"
             f"{'; reads the event features' if s['train_config'].get('event_features') else ''}"
-            f"; {s['train_config'].get('members', 1)} member(s); "
+            f"; {s['train_config'].get('members', 1)} member(s)"
+            f"{_recent_neighbours_note(runs)}; "
             f"positives in test: {runs[0]['test']['n_positives']} of {runs[0]['test']['n_events']:,} events; "
             f"finished {s.get('finished', '?')}."
         )

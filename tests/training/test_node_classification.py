@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,9 +19,12 @@ from training.data import read_edge_stream
 from training.metrics import roc_auc
 from training.node_classification import (
     NODE_METRICS_FILE,
+    RECENT_NEIGHBOUR_CHOICES,
     NodeTrainConfig,
+    ReplayedInputs,
     asks_node_task,
     fit_head,
+    fitted_head,
     train_node_classifier,
 )
 from training.node_evaluate import evaluate_node_checkpoint
@@ -80,6 +84,43 @@ def test_fit_head_keeps_the_best_validation_epoch():
     assert val_auc > 0.95
 
 
+def replayed(x: np.ndarray, y: np.ndarray, head_config: NodeHeadConfig) -> ReplayedInputs:
+    n = len(y)
+    order = np.arange(n)
+    masks = {"train": order < 0.7 * n, "val": (order >= 0.7 * n) & (order < 0.85 * n)}
+    masks["test"] = order >= 0.85 * n
+    return ReplayedInputs(Path("x"), "x", "x", n, head_config, x, y, masks, 0.0)
+
+
+def test_the_trainer_keeps_the_recent_neighbour_depth_with_the_best_validation_auc():
+    """Labels carried by the latest neighbour's bucket: the head that reads it wins on
+    validation; labels carried by a numeric input alone: the smaller head is kept."""
+    rng = np.random.default_rng(0)
+    n = 6000
+    numeric = rng.normal(size=(n, 3)).astype(np.float32)
+    bucket = rng.integers(0, 16, n)
+    config = NodeHeadConfig(
+        link_model_version="x",
+        d_readout=3,
+        use_activity=False,
+        use_recent_pace=False,
+        recent_neighbours=1,
+        neighbour_buckets=16,
+    )
+    x = np.concatenate([numeric, bucket[:, None].astype(np.float32)], axis=1)
+    cfg = NodeTrainConfig(epochs=8, patience=8, members=1)
+    by_bucket = fitted_head(replayed(x, (bucket == 3).astype(np.int64), config), cfg)
+    assert by_bucket.head.config.recent_neighbours == 1
+    assert by_bucket.choice_val_auc[1] > by_bucket.choice_val_auc[0] + 0.2
+    assert by_bucket.inputs.x.shape[1] == 4
+    by_numeric = fitted_head(replayed(x, (numeric[:, 0] > 1.5).astype(np.int64), config), cfg)
+    if by_numeric.choice_val_auc[0] >= by_numeric.choice_val_auc[1]:
+        assert by_numeric.head.config.recent_neighbours == 0
+        assert by_numeric.inputs.x.shape[1] == 3  # the bucket column left out
+    else:
+        assert by_numeric.head.config.recent_neighbours == 1
+
+
 def test_trainer_writes_a_checkpoint_the_evaluator_reproduces(wiki, tmp_path):
     out = tmp_path / "nc"
     metrics = train_node_classifier(
@@ -91,6 +132,12 @@ def test_trainer_writes_a_checkpoint_the_evaluator_reproduces(wiki, tmp_path):
     assert head is not None and head.version == metrics["head_version"]
     saved = json.loads((out / NODE_METRICS_FILE).read_text())
     assert saved["test"]["n_events"] > 0 and len(saved["history"]) <= 3
+    # No depth given: one head per choice, the best validation AUC kept (a tie: the smaller).
+    # (A split without both classes has no AUC: JSON null, and the smallest depth is kept.)
+    tried = {int(k): v for k, v in saved["recent_neighbours_val_auc"].items()}
+    assert sorted(tried) == list(RECENT_NEIGHBOUR_CHOICES)
+    chosen = min(tried, key=lambda k: (-(tried[k] if tried[k] is not None else -1.0), k))
+    assert saved["recent_neighbours"] == head.config.recent_neighbours == chosen
     evaluated = evaluate_node_checkpoint(out, wiki, max_events=N_EVENTS)
     for split in ("val", "test"):
         assert evaluated[split]["n_positives"] == metrics[split]["n_positives"]
