@@ -262,7 +262,18 @@ class FittedHead:
 
 def fitted_head(inputs: ReplayedInputs, cfg: NodeTrainConfig, progress: bool = False) -> FittedHead:
     """One head per recent-neighbour depth in ``cfg``'s choices, each with the same seed;
-    the one with the best validation AUC is kept."""
+    the one with the best validation AUC is kept.
+
+    The head's shape (width, members, dropout) is ``cfg``'s, whatever the replay was made
+    with: the inputs do not depend on it, so one replay serves heads of any shape. The
+    inputs' columns do, so a ``cfg`` that asks for other columns is refused."""
+    made = inputs.head_config
+    if (cfg.use_activity, cfg.recent_pace) != (made.use_activity, made.use_recent_pace) or max(
+        cfg.recent_neighbour_choices
+    ) > made.recent_neighbours:
+        raise ValueError("these inputs were replayed for other head inputs: replay them again")
+    shape = {"hidden": cfg.hidden, "members": cfg.members, "dropout": cfg.dropout}
+    inputs = replace(inputs, head_config=made.model_copy(update=shape))
     best: FittedHead | None = None
     best_score = -math.inf
     scores: dict[int, float] = {}

@@ -108,11 +108,19 @@ def test_the_trainer_keeps_the_recent_neighbour_depth_with_the_best_validation_a
         neighbour_buckets=16,
     )
     x = np.concatenate([numeric, bucket[:, None].astype(np.float32)], axis=1)
-    cfg = NodeTrainConfig(epochs=8, patience=8, members=1)
+    cfg = NodeTrainConfig(epochs=8, patience=8, members=1, use_activity=False, recent_pace=False)
     by_bucket = fitted_head(replayed(x, (bucket == 3).astype(np.int64), config), cfg)
     assert by_bucket.head.config.recent_neighbours == 1
     assert by_bucket.choice_val_auc[1] > by_bucket.choice_val_auc[0] + 0.2
     assert by_bucket.inputs.x.shape[1] == 4
+    # The head's shape is the config's, not the replay's; other input columns are refused.
+    wide = fitted_head(
+        replayed(x, (bucket == 3).astype(np.int64), config),
+        cfg.model_copy(update={"members": 2, "hidden": 8, "epochs": 1}),
+    )
+    assert (wide.head.config.members, wide.head.config.hidden) == (2, 8)
+    with pytest.raises(ValueError, match="replay"):
+        fitted_head(replayed(x, bucket, config), cfg.model_copy(update={"recent_neighbours": 3}))
     by_numeric = fitted_head(replayed(x, (numeric[:, 0] > 1.5).astype(np.int64), config), cfg)
     if by_numeric.choice_val_auc[0] >= by_numeric.choice_val_auc[1]:
         assert by_numeric.head.config.recent_neighbours == 0
