@@ -113,10 +113,10 @@ def recent_neighbour_buckets(keys: torch.Tensor, depth: int, buckets: int) -> to
     right-aligned. The newest entries count whatever the query time, as for the recent
     pace (the list is kept at the state's watermark). The indices travel in the float
     input tensor (exact below 2**24), so every path calls the head with one tensor."""
-    newest = torch.flip(keys[:, -depth:], [1]) if depth <= keys.shape[1] else None
-    if newest is None:  # a list shorter than depth: pad the older ranks
-        pad = torch.full((len(keys), depth - keys.shape[1]), PAD_KEY, dtype=keys.dtype)
-        newest = torch.cat([torch.flip(keys, [1]), pad], dim=1)
+    if depth > keys.shape[1]:  # a list shorter than depth: empty older ranks
+        shape = (len(keys), depth - keys.shape[1])
+        keys = torch.cat([keys.new_full(shape, PAD_KEY), keys], dim=1)
+    newest = torch.flip(keys[:, -depth:], [1])
     bucket = torch.where(newest == PAD_KEY, buckets, torch.remainder(newest, buckets))
     return bucket.to(torch.float32)
 
