@@ -8,7 +8,8 @@ out on every run. Node arguments are dense node indices (``IndexedStream``).
   destinations, with the positive's source. With ``historical_fraction`` > 0, that
   share of the negatives are instead whole (src, dst) pairs drawn uniformly from the
   distinct training edges first seen before the current batch and absent from it (the
-  historical negatives of the evaluation, made from the training split alone). Random
+  historical negatives of the evaluation, made from the training split alone); with
+  ``historical_extra`` they come on top of the random ones instead. Random
   negatives alone teach the head that "this pair met before" means "positive", which
   is exactly what historical and inductive evaluation negatives are built to defeat.
 * ``random`` (evaluation): the source is kept, the destination is drawn uniformly
@@ -45,15 +46,25 @@ class TrainNegativeSampler:
     """Training negatives: random destinations, mixed with historical pairs."""
 
     def __init__(
-        self, src: np.ndarray, dst: np.ndarray, num_nodes: int, historical_fraction: float = 0.0
+        self,
+        src: np.ndarray,
+        dst: np.ndarray,
+        num_nodes: int,
+        historical_fraction: float = 0.0,
+        historical_extra: bool = False,
     ) -> None:
-        """``src``/``dst``: the training events in their training order."""
+        """``src``/``dst``: the training events in their training order.
+
+        ``historical_extra``: the historical pairs come on top of every positive's
+        random negative instead of replacing it, so the random ranking the head learns is
+        not diluted (the batch then holds more negatives than positives)."""
         if not 0.0 <= historical_fraction <= 1.0:
             raise ValueError("historical_fraction must be in [0, 1]")
         self.src = np.asarray(src, dtype=np.int64)
         self.dst = np.asarray(dst, dtype=np.int64)
         self.num_nodes = num_nodes
         self.historical_fraction = historical_fraction
+        self.historical_extra = historical_extra
         self.train_dst = np.unique(self.dst)
         self.code = self.src * num_nodes + self.dst
         # Position of each distinct edge's first occurrence, in training order: the
@@ -62,22 +73,39 @@ class TrainNegativeSampler:
         self.first_seen = np.sort(first)
 
     def sample(self, rng: np.random.Generator, b0: int, b1: int) -> tuple[np.ndarray, np.ndarray]:
-        """(src, dst) of one negative for each training event in [b0, b1)."""
+        """(src, dst) of the negatives for the training events in [b0, b1)."""
+        neg_src, neg_dst, _ = self.sample_with_rows(rng, b0, b1)
+        return neg_src, neg_dst
+
+    def sample_with_rows(
+        self, rng: np.random.Generator, b0: int, b1: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(src, dst, row): the negatives and, for each, the position in [b0, b1) of the
+        positive it is drawn for (its query time). One per positive, in order, then the
+        extra historical ones when ``historical_extra``."""
         u = self.src[b0:b1]
+        rows_all = np.arange(len(u))
         neg_src, neg_dst = u.copy(), train_negatives(rng, self.train_dst, len(u))
         if self.historical_fraction <= 0.0:
-            return neg_src, neg_dst  # the same draws as before the mix existed
+            return neg_src, neg_dst, rows_all  # the same draws as before the mix existed
         known = int(np.searchsorted(self.first_seen, b0))
         if known == 0:
-            return neg_src, neg_dst
+            return neg_src, neg_dst, rows_all
         pick = rng.random(len(u)) < self.historical_fraction
         edge = self.first_seen[rng.integers(0, known, int(pick.sum()))]
         # A historical pair that is also a positive of this batch is no negative: keep
         # the random one there.
         clash = np.isin(self.code[edge], self.code[b0:b1])
         rows = np.flatnonzero(pick)[~clash]
-        neg_src[rows], neg_dst[rows] = self.src[edge[~clash]], self.dst[edge[~clash]]
-        return neg_src, neg_dst
+        hist_src, hist_dst = self.src[edge[~clash]], self.dst[edge[~clash]]
+        if self.historical_extra:
+            return (
+                np.concatenate([neg_src, hist_src]),
+                np.concatenate([neg_dst, hist_dst]),
+                np.concatenate([rows_all, rows]),
+            )
+        neg_src[rows], neg_dst[rows] = hist_src, hist_dst
+        return neg_src, neg_dst, rows_all
 
 
 @dataclass

@@ -122,12 +122,17 @@ class EpochRunner:
         window: int,
         visibility: str,
         historical_negatives: float = 0.0,
+        historical_extra: bool = False,
     ) -> None:
         self.model, self.data, self.events, self.index = model, data, train_events, index
         self.window, self.visibility = window, visibility
         self.catch_up_len = max(4 * window, 64)
         self.negatives = TrainNegativeSampler(
-            data.src[train_events], data.dst[train_events], data.num_nodes, historical_negatives
+            data.src[train_events],
+            data.dst[train_events],
+            data.num_nodes,
+            historical_negatives,
+            historical_extra,
         )
         n = data.num_nodes
         self.anchor = NodeStates.initial(n, model.config)
@@ -148,9 +153,11 @@ class EpochRunner:
         d, idx, cfg = self.data, self.index, self.model.config
         ev = self.events[b0:b1]
         u, v, t = d.src[ev], d.dst[ev], d.t[ev]
-        neg_src, neg_dst = self.negatives.sample(rng, b0, b1)
+        neg_src, neg_dst, neg_rows = self.negatives.sample_with_rows(rng, b0, b1)
+        neg_t = t[neg_rows]
+        n_q, n_neg = len(ev), len(neg_src)
         q_nodes = np.concatenate([u, v, neg_src, neg_dst])
-        q_t = np.concatenate([t, t, t, t])
+        q_t = np.concatenate([t, t, neg_t, neg_t])
         if self.visibility == "exact":
             q_m = idx.prefix_count(q_nodes, q_t)
         else:
@@ -218,7 +225,6 @@ class EpochRunner:
             new_anchor = None
 
         pair = ids = None
-        n_q = len(ev)
         if cfg.use_pair_features or cfg.identity_match_dim:
             lists = idx.neighbour_lists(q_nodes, q_m, cfg.neighbour_list_len)
             keys = torch.from_numpy(d.keys[q_nodes])
@@ -226,13 +232,14 @@ class EpochRunner:
             last = torch.from_numpy(idx.last_time(q_nodes, q_m))
             # Positives (u, v), then negatives (s, n): rows of the queries
             # [u..., v..., s..., n...].
-            a = torch.cat([torch.arange(n_q), torch.arange(2 * n_q, 3 * n_q)])
-            b = torch.cat([torch.arange(n_q, 2 * n_q), torch.arange(3 * n_q, 4 * n_q)])
+            s0 = 2 * n_q
+            a = torch.cat([torch.arange(n_q), torch.arange(s0, s0 + n_neg)])
+            b = torch.cat([torch.arange(n_q, s0), torch.arange(s0 + n_neg, s0 + 2 * n_neg)])
             pair, ids = pair_inputs(
                 cfg,
                 keys[a],
                 keys[b],
-                torch.from_numpy(np.concatenate([t, t])),
+                torch.from_numpy(np.concatenate([t, neg_t])),
                 lists.select(a),
                 lists.select(b),
                 m_t[a],
@@ -242,14 +249,22 @@ class EpochRunner:
             )
         if z is not None:
             z_u, z_v = z[:n_q], z[n_q : 2 * n_q]
-            z_s, z_n = z[2 * n_q : 3 * n_q], z[3 * n_q :]
+            z_s, z_n = z[2 * n_q : 2 * n_q + n_neg], z[2 * n_q + n_neg :]
             logits = self.model.head_logit(torch.cat([z_u, z_s]), torch.cat([z_v, z_n]), pair, ids)
         else:
             logits = self.model.head_logit(None, None, pair, ids)
-        labels = torch.cat([torch.ones(n_q), torch.zeros(n_q)])
+        labels = torch.cat([torch.ones(n_q), torch.zeros(n_neg)])
         loss = F.binary_cross_entropy_with_logits(logits, labels)
 
-        self.last_batch = {"src": u, "dst": v, "neg_src": neg_src, "neg": neg_dst, "t": t}
+        self.last_batch = {
+            "src": u,
+            "dst": v,
+            "neg_src": neg_src,
+            "neg": neg_dst,
+            "t": t,
+            "neg_t": neg_t,
+            "neg_rows": neg_rows,  # the position in the batch of each negative's positive
+        }
         # The sources' read-outs at their events' times (exact visibility, with
         # gradients) and how many of their events they had seen: node-classification
         # fine-tuning (training/node_finetune.py) puts its loss on them.
@@ -323,6 +338,7 @@ def train(
     grad_clip: float = 1.0,
     historical_negatives: float | None = None,
     auto: bool = True,
+    historical_extra: bool = False,
 ) -> str:
     """Train on ``data_path``; save the best-validation checkpoint to ``out_dir``; return its version.
 
@@ -393,6 +409,7 @@ def train(
         "epochs": epochs,
         "patience": patience,
         "historical_negatives": historical_negatives,
+        "historical_negatives_extra": historical_extra,
         "auto": chosen.as_json(profile),
         "max_events": max_events,
         "max_train_events": max_train_events,
@@ -407,7 +424,14 @@ def train(
         model.train()
         rng = np.random.default_rng([seed, epoch])
         runner = EpochRunner(
-            model, data, train_events, index, window, visibility, historical_negatives
+            model,
+            data,
+            train_events,
+            index,
+            window,
+            visibility,
+            historical_negatives,
+            historical_extra,
         )
         t0 = time.perf_counter()
         losses, all_logits, all_labels = [], [], []
@@ -589,6 +613,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         " default: chosen from the training split (training/auto_config.py)",
     )
     ap.add_argument(
+        "--historical-extra",
+        action="store_true",
+        help="historical training negatives come on top of each positive's random one"
+        " instead of replacing it",
+    )
+    ap.add_argument(
         "--no-auto",
         action="store_true",
         help="no settings from the stream's statistics: the ModelConfig defaults and --set only",
@@ -622,6 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_train_events=args.max_train_events,
         historical_negatives=args.historical_negatives,
         auto=not args.no_auto,
+        historical_extra=args.historical_extra,
     )
     print(f"model version {version} -> {args.out}")
     return 0

@@ -144,3 +144,25 @@ def test_training_negatives_without_history_are_the_random_ones(uci) -> None:
     assert np.array_equal(a[0], data.src[ev[:100]])
     with pytest.raises(ValueError):
         TrainNegativeSampler(data.src[ev], data.dst[ev], data.num_nodes, 1.5)
+
+
+def test_extra_historical_negatives_keep_every_random_one(uci) -> None:
+    data, split = uci
+    ev = np.where(split.train)[0]
+    src, dst = data.src[ev], data.dst[ev]
+    b0, b1 = 1000, 1200
+    replace = TrainNegativeSampler(src, dst, data.num_nodes, 0.5)
+    extra = TrainNegativeSampler(src, dst, data.num_nodes, 0.5, historical_extra=True)
+    rs, rd, r_rows = replace.sample_with_rows(np.random.default_rng(7), b0, b1)
+    es, ed, e_rows = extra.sample_with_rows(np.random.default_rng(7), b0, b1)
+    n = b1 - b0
+    # The first n are each positive's random negative (its source, a training
+    # destination), in order; the historical pairs the replacing sampler swapped in
+    # come after them, each tagged with the positive it was drawn for.
+    assert np.array_equal(es[:n], src[b0:b1]) and np.array_equal(e_rows[:n], np.arange(n))
+    assert np.array_equal(r_rows, np.arange(n))
+    moved = e_rows[n:]  # the positives whose random negative the replacing one swapped
+    assert len(moved) > 0.3 * n and np.array_equal(moved, np.unique(moved))
+    assert np.array_equal(es[n:], rs[moved]) and np.array_equal(ed[n:], rd[moved])
+    kept = np.setdiff1d(np.arange(n), moved)
+    assert np.array_equal(ed[kept], rd[kept]) and np.array_equal(rs[kept], src[b0:b1][kept])

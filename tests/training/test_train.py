@@ -133,24 +133,32 @@ def test_evaluator_equals_event_by_event_advance_and_score(trained, uci_slice) -
 
 
 @pytest.mark.parametrize(
-    ("coarse", "historical", "visibility"),
+    ("coarse", "historical", "extra", "visibility"),
     [
-        (False, 0.0, "exact"),
-        (True, 0.0, "exact"),
-        (False, 0.5, "exact"),
-        (True, 0.0, "batch"),
+        (False, 0.0, False, "exact"),
+        (True, 0.0, False, "exact"),
+        (False, 0.5, False, "exact"),
+        (False, 0.5, True, "exact"),
+        (True, 0.0, False, "batch"),
     ],
-    ids=["uci-times", "coarse-times", "historical-negatives", "coarse-times-batch"],
+    ids=[
+        "uci-times",
+        "coarse-times",
+        "historical-negatives",
+        "extra-historical-negatives",
+        "coarse-times-batch",
+    ],
 )
 def test_trainer_scores_equal_streaming_scores(
-    trained, uci_slice, coarse, historical, visibility
+    trained, uci_slice, coarse, historical, extra, visibility
 ) -> None:
     """The trainer's windowed re-scan gives the logits the service computes.
 
     "coarse-times" rounds UCI's timestamps to ~2.3-day steps, so hundreds of events share
     a timestamp (like Can. Parl. / US Legis.) and the trainer's catch-up path runs.
     "historical-negatives" mixes whole-pair negatives (another source than the positive's)
-    into the batches, so their states and lists are checked too.
+    into the batches, so their states and lists are checked too; "extra-" adds them on
+    top of the random ones (more negatives than positives, each at its positive's time).
     "coarse-times-batch": batch visibility (what the trainer picks on snapshot streams),
     where a query sees the events of earlier batches at its own timestamp, in its
     neighbour lists too, against the evaluator's batch groups of the same size.
@@ -172,6 +180,7 @@ def test_trainer_scores_equal_streaming_scores(
         window=4,
         visibility=visibility,
         historical_negatives=historical,
+        historical_extra=extra,
     )
     runner.catch_up_len = 8
     rng = np.random.default_rng(0)
@@ -184,11 +193,13 @@ def test_trainer_scores_equal_streaming_scores(
             got.append(logits)
             qs += [lb["src"], lb["neg_src"]]
             qd += [lb["dst"], lb["neg"]]
-            qt += [lb["t"], lb["t"]]
-            qe += [np.arange(b0, b1)] * 2
+            qt += [lb["t"], lb["neg_t"]]
+            qe += [np.arange(b0, b1), b0 + lb["neg_rows"]]
     got = np.concatenate(got)
-    if historical:
+    n_neg, n_pos = sum(len(x) for x in qs[1::2]), sum(len(x) for x in qs[0::2])
+    if historical and not extra:
         assert (np.concatenate(qs[1::2]) != np.concatenate(qs[0::2])).any()
+    assert (n_neg > n_pos) == extra
     # The same queries replayed through streaming.advance/score over the training events only.
     sub = IndexedStream.build(data.stream.slice(train_events))
     to_sub = {nid: i for i, nid in enumerate(sub.node_ids)}
