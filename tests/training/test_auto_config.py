@@ -10,9 +10,11 @@ from training.auto_config import (
     HISTORICAL_SHARE,
     ITEM_SIDE_MAX,
     SNAPSHOT_GROUP_MIN,
+    SNAPSHOT_LIST_MAX,
     SNAPSHOT_SHARE_MIN,
     StreamProfile,
     choose_settings,
+    snapshot_list_len,
 )
 from training.batches import IndexedStream
 from training.data import chronological_split, read_edge_stream
@@ -94,3 +96,37 @@ def test_snapshot_share_counts_only_groups_of_a_batch_or_more() -> None:
     p = StreamProfile.of(src, src + len(t), t)
     assert p.snapshot_share == pytest.approx((SNAPSHOT_GROUP_MIN + 100) / len(t))
     assert p.tied_share == pytest.approx(1.0)
+
+
+def test_snapshot_node_events_is_the_median_per_node_and_snapshot() -> None:
+    # Two snapshots of 250 events; in each, nodes 0-4 send 50 events each to 5-9.
+    t = np.repeat([0.0, 1.0], 250)
+    src = np.arange(500) % 5
+    p = StreamProfile.of(src, src + 5, t)
+    assert p.snapshot_node_events == 50.0
+    assert snapshot_list_len(p) == 64  # the next power of two above it
+    # A stream without snapshots has none.
+    assert StreamProfile.of(src, src + 5, np.arange(500.0)).snapshot_node_events == 0.0
+
+
+def test_snapshot_streams_get_lists_that_hold_a_snapshot(data_dir) -> None:
+    # US Legis.: each congress joins every pair of its ~100 senators once.
+    p = _profile(data_dir, "uslegis")
+    assert p.snapshot_node_events > 64
+    chosen = choose_settings(p, {}, None)
+    assert chosen.config["neighbour_list_len"] == 128
+    assert any("hold the snapshot so far" in r for r in chosen.reasons)
+    # An explicit length, or exact visibility (nothing of the snapshot is seen), wins.
+    assert "neighbour_list_len" not in choose_settings(p, {"neighbour_list_len": 32}, None).config
+    assert "neighbour_list_len" not in choose_settings(p, {}, None, "exact").config
+    # Never longer than the cap, however busy a snapshot.
+    busy = StreamProfile(**{**p.__dict__, "snapshot_node_events": 10_000.0})
+    assert snapshot_list_len(busy) == SNAPSHOT_LIST_MAX
+
+
+def test_sparse_snapshots_keep_the_default_lists(data_dir) -> None:
+    # Can. Parl.: a member has about 15 events a year, which the default 32 holds.
+    p = _profile(data_dir, "canparl")
+    assert p.snapshot_share >= SNAPSHOT_SHARE_MIN and p.snapshot_node_events <= 32
+    chosen = choose_settings(p, {}, None)
+    assert chosen.visibility == "batch" and "neighbour_list_len" not in chosen.config
