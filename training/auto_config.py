@@ -37,8 +37,9 @@ Rules:
   events in one snapshot has forgotten the start of it. The lists then get the next
   power of two at or above ``SNAPSHOTS_IN_LIST`` times the median of a node's events
   in one snapshot, at most ``SNAPSHOT_LIST_MAX`` (US Legis.: 91 events, lists of 128,
-  inductive AP 81.6 -> 86.7 at seed 0; Can. Parl.: 15 events, the default 32 stays,
-  where lists of 128 cost 16 points of random AP; docs/results/visibility-experiments.md).
+  3-seed test AP 79.7 / 94.3 / 81.4 -> 80.1 / 94.5 / 83.5, the inductive one uneven
+  across seeds; Can. Parl.: 15 events, the default 32 stays, where lists of 128 cost 16
+  points of random AP; docs/results/visibility-experiments.md).
 """
 
 from __future__ import annotations
