@@ -82,6 +82,7 @@ def fine_tune_link_model(
     metrics = ckpt.metrics or {}
     visibility = str(metrics.get("visibility", "exact"))
     historical = float(metrics.get("historical_negatives") or 0.0)
+    historical_extra = bool(metrics.get("historical_negatives_extra", False))
     n_pos = float(y[train_events].sum())
     pos_weight = torch.tensor((len(train_events) - n_pos) / max(n_pos, 1.0))
     opt = torch.optim.Adam(
@@ -100,7 +101,9 @@ def fine_tune_link_model(
         model.train()
         head.train()
         rng = np.random.default_rng([seed, 1000 + epoch])
-        runner = EpochRunner(model, data, train_events, index, cfg.window, visibility, historical)
+        runner = EpochRunner(
+            model, data, train_events, index, cfg.window, visibility, historical, historical_extra
+        )
         link_losses, node_losses = [], []
         starts = range(0, len(train_events), cfg.batch_size)
         bar = None
