@@ -400,10 +400,16 @@ def test_a_master_killed_and_restarted_mid_ingest_loses_and_doubles_nothing(
         deadline = time.monotonic() + 120
         while not store.pending(1) and time.monotonic() < deadline:
             time.sleep(0.02)
+        alive_at_kill = th.is_alive()
         kill_and_restart(cluster, 1)  # a master dies mid-ingest (AOF fsync always)
+        alive_at_restart = th.is_alive()
         th.join(300)
         assert not th.is_alive() and out, "the writer did not finish"
-        assert out["retried"] >= 1  # it did meet the dead master
+        # Not vacuous: the writer was ingesting through the whole outage, and every batch
+        # touches every master. Whether it saw a StoreUnavailable (and retried the batch,
+        # out["retried"]) or redis-py's own reconnect backoff outlasted the 1 s outage
+        # depends on timing, so that is not asserted; what follows must hold either way.
+        assert alive_at_kill and alive_at_restart, "the writer was not mid-ingest"
         time.sleep(0.3)
         redrive(store, VERSION, advance)
         assert_settled(store)
