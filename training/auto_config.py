@@ -99,7 +99,7 @@ class StreamProfile:
             bipartite=not np.intersect1d(src, dst).size,
             repeat_share=1.0 - len(first) / n,
             tied_share=float(t_counts[t_counts > 1].sum()) / n,
-            snapshot_share=float(t_counts[t_counts >= SNAPSHOT_GROUP_MIN].sum()) / n,
+            snapshot_share=float(in_snapshot.mean()),
             snapshot_node_events=node_events,
         )
 

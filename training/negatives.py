@@ -72,12 +72,7 @@ class TrainNegativeSampler:
         _, first = np.unique(self.code, return_index=True)
         self.first_seen = np.sort(first)
 
-    def sample(self, rng: np.random.Generator, b0: int, b1: int) -> tuple[np.ndarray, np.ndarray]:
-        """(src, dst) of the negatives for the training events in [b0, b1)."""
-        neg_src, neg_dst, _ = self.sample_with_rows(rng, b0, b1)
-        return neg_src, neg_dst
-
-    def sample_with_rows(
+    def sample(
         self, rng: np.random.Generator, b0: int, b1: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(src, dst, row): the negatives and, for each, the position in [b0, b1) of the

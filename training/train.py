@@ -153,7 +153,7 @@ class EpochRunner:
         d, idx, cfg = self.data, self.index, self.model.config
         ev = self.events[b0:b1]
         u, v, t = d.src[ev], d.dst[ev], d.t[ev]
-        neg_src, neg_dst, neg_rows = self.negatives.sample_with_rows(rng, b0, b1)
+        neg_src, neg_dst, neg_rows = self.negatives.sample(rng, b0, b1)
         neg_t = t[neg_rows]
         n_q, n_neg = len(ev), len(neg_src)
         q_nodes = np.concatenate([u, v, neg_src, neg_dst])

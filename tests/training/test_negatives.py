@@ -120,7 +120,7 @@ def test_training_negatives_mix_in_past_pairs_absent_from_the_batch(uci) -> None
     sampler = TrainNegativeSampler(src, dst, data.num_nodes, historical_fraction=0.5)
     rng = np.random.default_rng(0)
     b0, b1 = 1000, 1200
-    ns, nd = sampler.sample(rng, b0, b1)
+    ns, nd, _ = sampler.sample(rng, b0, b1)
     past = set(zip(src[:b0].tolist(), dst[:b0].tolist(), strict=True))
     batch = set(zip(src[b0:b1].tolist(), dst[b0:b1].tolist(), strict=True))
     moved = ns != src[b0:b1]  # whole-pair negatives (another source than the positive's)
@@ -153,8 +153,8 @@ def test_extra_historical_negatives_keep_every_random_one(uci) -> None:
     b0, b1 = 1000, 1200
     replace = TrainNegativeSampler(src, dst, data.num_nodes, 0.5)
     extra = TrainNegativeSampler(src, dst, data.num_nodes, 0.5, historical_extra=True)
-    rs, rd, r_rows = replace.sample_with_rows(np.random.default_rng(7), b0, b1)
-    es, ed, e_rows = extra.sample_with_rows(np.random.default_rng(7), b0, b1)
+    rs, rd, r_rows = replace.sample(np.random.default_rng(7), b0, b1)
+    es, ed, e_rows = extra.sample(np.random.default_rng(7), b0, b1)
     n = b1 - b0
     # The first n are each positive's random negative (its source, a training
     # destination), in order; the historical pairs the replacing sampler swapped in
