@@ -6,7 +6,10 @@ model, no training split). Each sampled validation/test event is scored against 
 random item (DyGLib's random negatives on a bipartite graph) by
 
 * order 1: P(v | the student's last item), add-0.1 smoothed;
-* order 1 + 2: the same plus 3 x P(v | the last two items).
+* order 1 + 2: the same plus 3 x P(v | the last two items);
+* two hops through cached lists: the share of the last item's latest 128 visitors that
+  are also among v's latest 128 (what a query-time read of a third node's cached
+  neighbour list, the last item's, could give; no global table).
 
 and the AP of positives over negatives is printed. This is the analysis behind the
 identity match (``ModelConfig.identity_match_dim``), see mooc-experiments.md.
@@ -48,11 +51,14 @@ def main() -> None:
     second: dict[tuple[int, int], collections.Counter] = collections.defaultdict(
         collections.Counter
     )
+    visitors: dict[int, collections.deque] = collections.defaultdict(
+        lambda: collections.deque(maxlen=128)
+    )
     last: dict[int, int] = {}
     before_last: dict[int, int] = {}
     scores: dict[str, list[list[float]]] = {
-        "validation": [[], [], [], []],
-        "test": [[], [], [], []],
+        "validation": [[], [], [], [], [], []],
+        "test": [[], [], [], [], [], []],
     }
 
     def p(counts: collections.Counter, v: int) -> float:
@@ -69,16 +75,24 @@ def main() -> None:
             s[1].append(p(c1, neg))
             s[2].append(p(c1, v) + 3 * p(c2, v))
             s[3].append(p(c1, neg) + 3 * p(c2, neg))
+            via = set(visitors[last[u]])
+            s[4].append(len(via & set(visitors[v])) / (1 + len(via)))
+            s[5].append(len(via & set(visitors[neg])) / (1 + len(via)))
         if u in last:  # learn only after scoring: a query never sees its own event
             first[last[u]][v] += 1
             if u in before_last:
                 second[(before_last[u], last[u])][v] += 1
             before_last[u] = last[u]
         last[u] = v
+        visitors[v].append(u)
     for part, s in scores.items():
         a1 = average_precision(np.array(s[0]), np.array(s[1]))
         a12 = average_precision(np.array(s[2]), np.array(s[3]))
-        print(f"{part}: order 1 AP {a1:.4f}, order 1 + 2 AP {a12:.4f} ({len(s[0])} positives)")
+        hops = average_precision(np.array(s[4]), np.array(s[5]))
+        print(
+            f"{part}: order 1 AP {a1:.4f}, order 1 + 2 AP {a12:.4f}, "
+            f"two hops through lists AP {hops:.4f} ({len(s[0])} positives)"
+        )
 
 
 if __name__ == "__main__":
