@@ -6,11 +6,14 @@ the earlier years only (exact visibility: nothing of the query's own year). Per
 statistic, for the last 1, 2 and 3 years: v's in- and out-degree, u's and v's common
 neighbours, whether u and v met, u's degrees; over all earlier years: v's in- and
 out-degree, the years since v was last active and last a destination, and how often
-u and v met. A logistic regression and a small MLP are fitted on years 2-9, and the
+u and v met. With ``--batch``, five more statistics come from the query's own year as
+batch visibility shows it (the year's events in earlier batches of 200, in file order):
+v's in- and out-degree so far, whether u and v met, u's out-degree so far, and whether
+any of the year is visible yet. A logistic regression and a small MLP are fitted on years 2-9, and the
 AUC and AP are printed on years 10-11 (validation-like) and 12-13 (test-like). This is the
 analysis behind the "combined statistics" paragraph of visibility-experiments.md.
 
-    python docs/results/canparl_statistics.py [--data ../shared/data/canparl/edges.csv.gz]
+    python docs/results/canparl_statistics.py [--batch] [--data ../shared/data/canparl/edges.csv.gz]
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class Years:
     """Per year: undirected neighbour counts, in-degrees and out-degrees."""
 
     def __init__(self, src: np.ndarray, dst: np.ndarray, year: np.ndarray) -> None:
+        self.src, self.dst = src, dst
+        self.year_start = np.searchsorted(year, np.arange(int(year.max()) + 1))
         self.neighbours: list[dict[int, Counter]] = []
         self.indeg: list[Counter] = []
         self.outdeg: list[Counter] = []
@@ -45,6 +50,19 @@ class Years:
             self.neighbours.append(nb)
             self.indeg.append(Counter(dst[m].tolist()))
             self.outdeg.append(Counter(src[m].tolist()))
+
+    def so_far(self, u: int, v: int, y: int, i: int, batch: int = 200) -> list[float]:
+        """Statistics of event i's year from its earlier batches (batch visibility)."""
+        lo = int(self.year_start[y])
+        hi = lo + (i - lo) // batch * batch
+        s, d = self.src[lo:hi], self.dst[lo:hi]
+        return [
+            np.log1p((d == v).sum()),
+            np.log1p((s == v).sum()),
+            float(((s == u) & (d == v)).any()),
+            np.log1p((s == u).sum()),
+            float(hi > lo),
+        ]
 
     def features(self, u: int, v: int, y: int) -> list[float]:
         out: list[float] = []
@@ -78,6 +96,7 @@ class Years:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="../shared/data/canparl/edges.csv.gz")
+    ap.add_argument("--batch", action="store_true", help="add batch-visible statistics")
     ap.add_argument("--per-year", type=int, default=800, help="events sampled per year")
     args = ap.parse_args()
     with gzip.open(args.data, "rt") as f:
@@ -94,7 +113,9 @@ def main() -> None:
             idx = np.flatnonzero(year == y)
             for i in rng.choice(idx, min(args.per_year, len(idx)), replace=False).tolist():
                 neg = int(destinations[rng.integers(len(destinations))])
-                x += [years.features(src[i], dst[i], y), years.features(src[i], neg, y)]
+                for w in (int(dst[i]), neg):
+                    extra = years.so_far(int(src[i]), w, y, i) if args.batch else []
+                    x.append(years.features(int(src[i]), w, y) + extra)
                 label += [1, 0]
         return np.array(x), np.array(label)
 
