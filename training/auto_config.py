@@ -39,7 +39,8 @@ Rules:
   in one snapshot, at most ``SNAPSHOT_LIST_MAX`` (US Legis.: 91 events, lists of 128,
   3-seed test AP 79.7 / 94.3 / 81.4 -> 80.1 / 94.5 / 83.5, the inductive one uneven
   across seeds; Can. Parl.: 15 events, the default 32 stays, where lists of 128 cost 16
-  points of random AP; docs/results/visibility-experiments.md).
+  points of random AP; two snapshots' worth, 256 on US Legis., gave the same 3-seed
+  inductive mean with a wider spread; docs/results/visibility-experiments.md).
 """
 
 from __future__ import annotations
