@@ -150,9 +150,13 @@ def recompute_scores(
         tau = torch.tensor([t for _, _, t in pairs for _ in (0, 1)], dtype=torch.float64)
         z = model.node_readout(states.h, states.t_last, tau)
         # Pair features cost the same in both variants; zeros keep the head's shape.
-        from model.pair_features import PAIR_FEATURE_DIM, pair_id_columns
+        from model.pair_features import pair_feature_dim, pair_id_columns
 
-        pair = torch.zeros(len(pairs), PAIR_FEATURE_DIM) if rt.config.use_pair_features else None
+        pair = (
+            torch.zeros(len(pairs), pair_feature_dim(rt.config))
+            if rt.config.use_pair_features
+            else None
+        )
         ids = (
             torch.zeros(
                 len(pairs), pair_id_columns(rt.config.identity_match_depth), dtype=torch.int64

@@ -67,6 +67,12 @@ class ModelConfig(BaseModel):
     head_hidden: int = Field(64, ge=1)
     use_state: bool = Field(True, description="ablation switch: SSM node states in the head")
     use_pair_features: bool = Field(True, description="ablation switch: pair/activity features")
+    snapshot_pair_features: bool = Field(
+        False,
+        description="four more pair features: each endpoint's visible list entries at the query"
+        " time and at its previous distinct time (the snapshot so far and the last one; the"
+        " trainer turns it on for snapshot streams under batch visibility)",
+    )
     time_norm: TimeNormalisation = TimeNormalisation()
     delta_min: float = Field(
         DEFAULT_DELTA_MIN,

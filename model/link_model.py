@@ -28,7 +28,7 @@ from torch import nn
 from .config import ModelConfig
 from .events import EventInputs, NodeEvent, pack_events
 from .node_state import NeighbourLists, NodeStates
-from .pair_features import PAIR_FEATURE_DIM, pair_inputs_of_rows
+from .pair_features import pair_feature_dim, pair_inputs_of_rows
 from .rank_plan import RankPlan
 from .ssm import CACHE_BLOCK_ELEMENTS, LayerState, SelectiveSSMLayer, StepUpdate, gap_units
 from .time_encoding import make_time_encoder
@@ -80,7 +80,7 @@ class DygMambaLinkModel(nn.Module):
             )
             head_in += 3 * c.d_out
         if c.use_pair_features:
-            head_in += PAIR_FEATURE_DIM
+            head_in += pair_feature_dim(c)
         if c.identity_match_dim:
             # Separate tables per direction: on a bipartite graph (students x items) the
             # first direction only ever indexes items and the second only students, so

@@ -66,6 +66,7 @@ def pair_features(
     t_last_u: np.ndarray,
     t_last_v: np.ndarray,
     norm: TimeNormalisation,
+    snapshot_counts: bool = False,
 ) -> np.ndarray:
     """``pair_features.pair_features`` on numpy arrays (same order of columns)."""
     tau_col = tau[:, None]
@@ -104,7 +105,19 @@ def pair_features(
         since(t_last_u, np.isfinite(t_last_u)),
         since(t_last_v, np.isfinite(t_last_v)),
     ]
+    if snapshot_counts:
+        feats += snapshot_features(nbr_t_u, ok_u, tau_col)
+        feats += snapshot_features(nbr_t_v, ok_v, tau_col)
     return np.stack(feats, axis=1).astype(np.float32, copy=False)
+
+
+def snapshot_features(nbr_t: np.ndarray, ok: np.ndarray, tau_col: np.ndarray) -> list:
+    """``pair_features.snapshot_features`` on numpy arrays."""
+    at_tau = (ok & (nbr_t == tau_col)).sum(1, dtype=np.float32)
+    before = ok & (nbr_t < tau_col)
+    prev_t = np.where(before, nbr_t, -np.inf).max(1, initial=-np.inf, keepdims=True)
+    at_prev = (before & (nbr_t == prev_t)).sum(1, dtype=np.float32)
+    return [np.log1p(at_tau), np.log1p(at_prev)]
 
 
 def latest_visible_neighbours(
@@ -233,6 +246,7 @@ class NumpyScorer:
                 t_last[iu],
                 t_last[iv],
                 c.time_norm,
+                c.snapshot_pair_features,
             )
         if c.identity_match_dim:
             d = c.identity_match_depth

@@ -13,7 +13,10 @@ query clamped behind a node's last event) never count:
 * the common-neighbour mass sum_w min(cnt_u[w], cnt_v[w]) (DyGFormer co-occurrence),
 * the recency of the last u-v interaction (standardised log-span, and a "never" flag),
 * each node's list fill and total applied events (activity), and the standardised
-  log-span since each node's last event.
+  log-span since each node's last event;
+* with ``snapshot_pair_features``, each node's visible entries at tau and at its
+  latest earlier time: on a snapshot stream under batch visibility, its events of the
+  snapshot so far and of the snapshot before.
 
 All counts enter as log1p. The same function runs in the trainer and the service.
 
@@ -34,6 +37,12 @@ from .node_state import PAD_KEY, NeighbourLists, NodeStates
 from .time_encoding import standardised_log_span
 
 PAIR_FEATURE_DIM = 11
+SNAPSHOT_FEATURE_DIM = 4  # ModelConfig.snapshot_pair_features: 2 per endpoint
+
+
+def pair_feature_dim(config: ModelConfig) -> int:
+    """Columns of the pair features the config computes."""
+    return PAIR_FEATURE_DIM + (SNAPSHOT_FEATURE_DIM if config.snapshot_pair_features else 0)
 
 
 def pair_features(
@@ -49,6 +58,7 @@ def pair_features(
     t_last_u: torch.Tensor,  # (N,) float64, -inf when none
     t_last_v: torch.Tensor,
     norm: TimeNormalisation,
+    snapshot_counts: bool = False,
 ) -> torch.Tensor:
     tau_col = tau.to(torch.float64).unsqueeze(1)
     ok_u = (nbr_u != PAD_KEY) & (nbr_t_u <= tau_col)
@@ -108,7 +118,24 @@ def pair_features(
         since_last(t_last_u),
         since_last(t_last_v),
     ]
+    if snapshot_counts:
+        feats += snapshot_features(nbr_t_u, ok_u, tau_col) + snapshot_features(
+            nbr_t_v, ok_v, tau_col
+        )
     return torch.stack(feats, dim=1)
+
+
+def snapshot_features(nbr_t: torch.Tensor, ok: torch.Tensor, tau_col: torch.Tensor) -> list:
+    """A node's visible list entries at the query time (on a snapshot stream under batch
+    visibility: its events of the snapshot so far) and at its latest earlier time (the
+    snapshot before), log1p'd. They count what a node did this snapshot and the last
+    one, which the decayed state blurs (Can. Parl.: a bill sponsor's many in-edges)."""
+    neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
+    at_tau = (ok & (nbr_t == tau_col)).sum(1).to(torch.float32)
+    before = ok & (nbr_t < tau_col)
+    prev_t = torch.where(before, nbr_t, neg_inf).amax(1, keepdim=True)
+    at_prev = (before & (nbr_t == prev_t)).sum(1).to(torch.float32)
+    return [torch.log1p(at_tau), torch.log1p(at_prev)]
 
 
 def latest_visible_neighbours(
@@ -184,6 +211,7 @@ def pair_inputs(
             t_last_u,
             t_last_v,
             config.time_norm,
+            config.snapshot_pair_features,
         )
     if config.identity_match_dim:
         ids = pair_identity_keys(

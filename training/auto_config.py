@@ -153,6 +153,12 @@ def choose_settings(
             )
     else:
         auto.visibility = explicit_visibility
+    if auto.visibility == "batch" and "snapshot_pair_features" not in explicit_config:
+        auto.config["snapshot_pair_features"] = True
+        auto.reasons.append(
+            "batch visibility: the head also counts each node's events of the snapshot so far"
+            " and of the one before (snapshot pair features)"
+        )
     list_len = snapshot_list_len(profile)
     chosen_len = "neighbour_list_len" in explicit_config or "neighbour_list_len" in auto.config
     if auto.visibility == "batch" and list_len is not None and not chosen_len:

@@ -66,7 +66,7 @@ from ..checkpoint import LoadedCheckpoint, load_checkpoint
 from ..events import EventInputs
 from ..link_model import DygMambaLinkModel
 from ..node_state import NodeStates
-from ..pair_features import PAIR_FEATURE_DIM, pair_id_columns
+from ..pair_features import pair_feature_dim, pair_id_columns
 from .manifest import (
     BATCH_DIM,
     MANIFEST_FILE,
@@ -184,7 +184,7 @@ def sample_readout_inputs(
         "h_v": torch.randn(n, c.n_layers, c.d_inner, c.d_state, generator=g),
         "t_last_v": t_v,
         "tau": tau,
-        "pair": torch.randn(n, PAIR_FEATURE_DIM, generator=g),
+        "pair": torch.randn(n, pair_feature_dim(c), generator=g),
         "pair_ids": pair_ids,
     }
 

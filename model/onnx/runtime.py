@@ -32,7 +32,7 @@ from ..checkpoint import LoadedCheckpoint, load_checkpoint
 from ..config import ModelConfig
 from ..events import EventInputs, NodeEvent, advance_stepwise
 from ..node_state import NeighbourLists, NodeStates
-from ..pair_features import PAIR_FEATURE_DIM, pair_id_columns
+from ..pair_features import pair_feature_dim, pair_id_columns
 from ..streaming import score_gathered
 from .export import export_loaded
 from .manifest import READOUT_HEAD_OUTPUTS, STEP_OUTPUTS, OnnxManifestError, read_manifest
@@ -221,7 +221,9 @@ class OnnxLinkModel:
         if pair is None:
             if self.config.use_pair_features:
                 raise ValueError("this model uses pair features: pass them")
-            pair_np = np.zeros((n, PAIR_FEATURE_DIM), dtype=np.float32)  # unused by the graph
+            pair_np = np.zeros(
+                (n, pair_feature_dim(self.config)), dtype=np.float32
+            )  # unused by the graph
         else:
             pair_np = _np(pair, np.float32)
         if pair_ids is None:

@@ -1,6 +1,6 @@
 """model.numpy_scorer, the service's kernel for calls of a few pairs, against the torch
 path it repeats (``streaming.score_nodes``), for every model variant: several layers,
-identity match, no state, no pair features; stale, fresh and never-seen nodes;
+identity match, no state, no pair features, snapshot counts; stale, fresh and never-seen nodes;
 neighbours before, at and after the query time; one query time and many."""
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ VARIANTS = {
     "identity_match": {"identity_match_dim": 8, "identity_match_depth": 3},
     "no_state": {"use_state": False, "identity_match_dim": 4},
     "no_pair_features": {"use_pair_features": False},
+    "snapshot_counts": {"snapshot_pair_features": True},
 }
 
 
@@ -93,6 +94,11 @@ def test_numpy_scorer_equals_torch_score_nodes(variant, same_time):
     gen = torch.Generator().manual_seed(1)
     s, lists, keys = _nodes(cfg, gen)
     iu, iv, tau = _pairs(40, same_time, gen)
+    if cfg.snapshot_pair_features:  # snapshots: many list entries share a time, some tau
+        lists.times, tau = (
+            torch.floor(lists.times / 500.0) * 500.0,
+            torch.floor(tau / 500.0) * 500.0,
+        )
     expected = score_nodes(model, s, lists, keys, iu, iv, tau).numpy()
     got = _numpy_logits(NumpyScorer(model), s, lists, keys, iu, iv, tau)
     assert got.shape == expected.shape and got.dtype == np.float32

@@ -12,7 +12,12 @@ import torch
 
 from model.config import TimeNormalisation
 from model.node_state import PAD_KEY
-from model.pair_features import PAIR_FEATURE_DIM, latest_visible_neighbours, pair_features
+from model.pair_features import (
+    PAIR_FEATURE_DIM,
+    SNAPSHOT_FEATURE_DIM,
+    latest_visible_neighbours,
+    pair_features,
+)
 
 NORM = TimeNormalisation(scale=3.0, log_mean=0.4, log_std=1.7)
 
@@ -119,3 +124,41 @@ def test_latest_visible_neighbours_match_the_plain_twin():
         PAD_KEY not in row for row in want
     )  # both cases exercised
     assert any(row[0] != PAD_KEY and row[-1] == PAD_KEY for row in want)  # fewer visible than depth
+
+
+def test_snapshot_counts_match_the_plain_twin():
+    """The four snapshot columns (``snapshot_pair_features``): per endpoint, visible
+    entries at tau and at the latest earlier time, on integer times with many ties."""
+    gen = torch.Generator().manual_seed(7)
+    n, length = 80, 10
+    keys = torch.randint(0, 6, (n, 2), generator=gen)
+    nbr = torch.randint(0, 6, (n, 2, length), generator=gen)
+    times = torch.randint(0, 5, (n, 2, length), generator=gen).to(torch.float64)
+    nbr[torch.rand(n, 2, length, generator=gen) < 0.2] = PAD_KEY
+    tau = torch.randint(0, 6, (n,), generator=gen).to(torch.float64)
+    zeros, never = torch.zeros(n, dtype=torch.int64), torch.full((n,), float("-inf"))
+    sides = [(nbr[:, j], times[:, j]) for j in (0, 1)]
+    base = pair_features(
+        keys[:, 0], keys[:, 1], tau, *sides[0], *sides[1], zeros, zeros, never, never, NORM
+    )
+    got = pair_features(
+        keys[:, 0], keys[:, 1], tau, *sides[0], *sides[1], zeros, zeros, never, never, NORM, True
+    )
+    assert got.shape == (n, PAIR_FEATURE_DIM + SNAPSHOT_FEATURE_DIM)
+    torch.testing.assert_close(got[:, :PAIR_FEATURE_DIM], base)  # the first 11 unchanged
+
+    def counts(keys_row: list[int], times_row: list[float], t: float) -> list[float]:
+        visible = [x for k, x in zip(keys_row, times_row, strict=True) if k != PAD_KEY and x <= t]
+        earlier = [x for x in visible if x < t]
+        prev = max(earlier) if earlier else None
+        return [math.log1p(visible.count(t)), math.log1p(earlier.count(prev) if earlier else 0)]
+
+    want = torch.tensor(
+        [
+            counts(nbr[i, 0].tolist(), times[i, 0].tolist(), float(tau[i]))
+            + counts(nbr[i, 1].tolist(), times[i, 1].tolist(), float(tau[i]))
+            for i in range(n)
+        ]
+    )
+    torch.testing.assert_close(got[:, PAIR_FEATURE_DIM:], want.to(torch.float32))
+    assert (got[:, PAIR_FEATURE_DIM] > 0).any() and (got[:, PAIR_FEATURE_DIM + 1] > 0).any()

@@ -191,6 +191,7 @@ def test_rank_plan_layout():
         {"use_state": False},
         {"identity_match_dim": 8},
         {"identity_match_dim": 8, "identity_match_depth": 3},
+        {"snapshot_pair_features": True},
     ],
 )
 def test_score_nodes_equals_score_of_gathered_pairs(same_time, variant):

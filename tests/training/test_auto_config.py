@@ -116,6 +116,16 @@ def test_snapshot_streams_get_lists_that_hold_a_snapshot(data_dir) -> None:
     chosen = choose_settings(p, {}, None)
     assert chosen.config["neighbour_list_len"] == 128
     assert any("hold the snapshot so far" in r for r in chosen.reasons)
+    assert chosen.config["snapshot_pair_features"] is True  # batch visibility: count it
+    # An explicit choice wins; exact visibility and streams without snapshots get none.
+    assert (
+        "snapshot_pair_features"
+        not in choose_settings(p, {"snapshot_pair_features": False}, None).config
+    )
+    assert "snapshot_pair_features" not in choose_settings(p, {}, None, "exact").config
+    assert (
+        "snapshot_pair_features" not in choose_settings(_profile(data_dir, "uci"), {}, None).config
+    )
     # An explicit length, or exact visibility (nothing of the snapshot is seen), wins.
     assert "neighbour_list_len" not in choose_settings(p, {"neighbour_list_len": 32}, None).config
     assert "neighbour_list_len" not in choose_settings(p, {}, None, "exact").config

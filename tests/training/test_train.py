@@ -13,6 +13,7 @@ import torch
 
 from model.checkpoint import load_checkpoint
 from model.events import endpoint_events
+from model.link_model import DygMambaLinkModel
 from model.node_state import NodeStates
 from model.streaming import NeighbourLists, advance, score
 from training.batches import IndexedStream, NodeEventIndex
@@ -133,13 +134,14 @@ def test_evaluator_equals_event_by_event_advance_and_score(trained, uci_slice) -
 
 
 @pytest.mark.parametrize(
-    ("coarse", "historical", "extra", "visibility"),
+    ("coarse", "historical", "extra", "visibility", "snapshot"),
     [
-        (False, 0.0, False, "exact"),
-        (True, 0.0, False, "exact"),
-        (False, 0.5, False, "exact"),
-        (False, 0.5, True, "exact"),
-        (True, 0.0, False, "batch"),
+        (False, 0.0, False, "exact", False),
+        (True, 0.0, False, "exact", False),
+        (False, 0.5, False, "exact", False),
+        (False, 0.5, True, "exact", False),
+        (True, 0.0, False, "batch", False),
+        (True, 0.0, False, "batch", True),
     ],
     ids=[
         "uci-times",
@@ -147,10 +149,11 @@ def test_evaluator_equals_event_by_event_advance_and_score(trained, uci_slice) -
         "historical-negatives",
         "extra-historical-negatives",
         "coarse-times-batch",
+        "coarse-times-batch-snapshot-counts",
     ],
 )
 def test_trainer_scores_equal_streaming_scores(
-    trained, uci_slice, coarse, historical, extra, visibility
+    trained, uci_slice, coarse, historical, extra, visibility, snapshot
 ) -> None:
     """The trainer's windowed re-scan gives the logits the service computes.
 
@@ -162,8 +165,12 @@ def test_trainer_scores_equal_streaming_scores(
     "coarse-times-batch": batch visibility (what the trainer picks on snapshot streams),
     where a query sees the events of earlier batches at its own timestamp, in its
     neighbour lists too, against the evaluator's batch groups of the same size.
+    "-snapshot-counts": the same with the snapshot pair features (a fresh model).
     """
     model = load_checkpoint(trained[0]).model
+    if snapshot:
+        torch.manual_seed(0)
+        model = DygMambaLinkModel(model.config.with_updates(snapshot_pair_features=True))
     data, split = uci_slice
     if coarse:
         stream = data.stream.slice(np.arange(len(data)))

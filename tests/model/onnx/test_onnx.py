@@ -54,6 +54,7 @@ def small_checkpoint(tmp_path_factory) -> Path:
             d_state=8,
             identity_match_dim=8,
             identity_match_depth=2,
+            snapshot_pair_features=True,  # a wider pair input than the default graph's
         )
     )
     path = tmp_path_factory.mktemp("small") / "ck"
