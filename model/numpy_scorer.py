@@ -111,7 +111,7 @@ def pair_features(
     return np.stack(feats, axis=1).astype(np.float32, copy=False)
 
 
-def snapshot_features(nbr_t: np.ndarray, ok: np.ndarray, tau_col: np.ndarray) -> list:
+def snapshot_features(nbr_t: np.ndarray, ok: np.ndarray, tau_col: np.ndarray) -> list[np.ndarray]:
     """``pair_features.snapshot_features`` on numpy arrays."""
     at_tau = (ok & (nbr_t == tau_col)).sum(1, dtype=np.float32)
     before = ok & (nbr_t < tau_col)

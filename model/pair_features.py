@@ -125,7 +125,9 @@ def pair_features(
     return torch.stack(feats, dim=1)
 
 
-def snapshot_features(nbr_t: torch.Tensor, ok: torch.Tensor, tau_col: torch.Tensor) -> list:
+def snapshot_features(
+    nbr_t: torch.Tensor, ok: torch.Tensor, tau_col: torch.Tensor
+) -> list[torch.Tensor]:
     """A node's visible list entries at the query time (on a snapshot stream under batch
     visibility: its events of the snapshot so far) and at its latest earlier time (the
     snapshot before), log1p'd. They count what a node did this snapshot and the last

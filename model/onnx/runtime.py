@@ -221,9 +221,8 @@ class OnnxLinkModel:
         if pair is None:
             if self.config.use_pair_features:
                 raise ValueError("this model uses pair features: pass them")
-            pair_np = np.zeros(
-                (n, pair_feature_dim(self.config)), dtype=np.float32
-            )  # unused by the graph
+            # unused by the graph, which has no pair input without pair features
+            pair_np = np.zeros((n, pair_feature_dim(self.config)), dtype=np.float32)
         else:
             pair_np = _np(pair, np.float32)
         if pair_ids is None:
