@@ -9,11 +9,13 @@ out-degree, the years since v was last active and last a destination, and how of
 u and v met. With ``--batch``, five more statistics come from the query's own year as
 batch visibility shows it (the year's events in earlier batches of 200, in file order):
 v's in- and out-degree so far, whether u and v met, u's out-degree so far, and whether
-any of the year is visible yet. A logistic regression and a small MLP are fitted on years 2-9, and the
+any of the year is visible yet. With ``--merged-roles`` every in-degree and out-degree
+pair is replaced by their sum (what a node's events count without knowing its role in
+each: the snapshot pair features' view). A logistic regression and a small MLP are fitted on years 2-9, and the
 AUC and AP are printed on years 10-11 (validation-like) and 12-13 (test-like). This is the
 analysis behind the "combined statistics" paragraph of visibility-experiments.md.
 
-    python docs/results/canparl_statistics.py [--batch] [--data ../shared/data/canparl/edges.csv.gz]
+    python docs/results/canparl_statistics.py [--batch] [--merged-roles] [--data ../shared/data/canparl/edges.csv.gz]
 """
 
 from __future__ import annotations
@@ -32,11 +34,20 @@ from sklearn.preprocessing import StandardScaler
 Counter = collections.Counter
 
 
+def degrees(first: float, second: float, merged: bool) -> list[float]:
+    """log1p of a node's two role degrees (in and out), or of their sum alone when roles
+    are merged."""
+    return [np.log1p(first + second)] if merged else [np.log1p(first), np.log1p(second)]
+
+
 class Years:
     """Per year: undirected neighbour counts, in-degrees and out-degrees."""
 
-    def __init__(self, src: np.ndarray, dst: np.ndarray, year: np.ndarray) -> None:
+    def __init__(
+        self, src: np.ndarray, dst: np.ndarray, year: np.ndarray, merged_roles: bool = False
+    ) -> None:
         self.src, self.dst = src, dst
+        self.merged = merged_roles
         self.year_start = np.searchsorted(year, np.arange(int(year.max()) + 1))
         self.neighbours: list[dict[int, Counter]] = []
         self.indeg: list[Counter] = []
@@ -56,11 +67,11 @@ class Years:
         lo = int(self.year_start[y])
         hi = lo + (i - lo) // batch * batch
         s, d = self.src[lo:hi], self.dst[lo:hi]
+        u_out, u_in = (s == u).sum(), (d == u).sum() if self.merged else 0
         return [
-            np.log1p((d == v).sum()),
-            np.log1p((s == v).sum()),
+            *degrees((d == v).sum(), (s == v).sum(), self.merged),
             float(((s == u) & (d == v)).any()),
-            np.log1p((s == u).sum()),
+            np.log1p(u_out + u_in),
             float(hi > lo),
         ]
 
@@ -68,24 +79,25 @@ class Years:
         out: list[float] = []
         for back in (1, 2, 3):
             if y - back < 0:
-                out += [0.0] * 6
+                out += [0.0] * (4 if self.merged else 6)
                 continue
             nb = self.neighbours[y - back]
             nu, nv = nb.get(u, Counter()), nb.get(v, Counter())
             out += [
-                np.log1p(self.indeg[y - back][v]),
-                np.log1p(self.outdeg[y - back][v]),
+                *degrees(self.indeg[y - back][v], self.outdeg[y - back][v], self.merged),
                 np.log1p(len(nu.keys() & nv.keys())),
                 float(v in nu),
-                np.log1p(self.outdeg[y - back][u]),
-                np.log1p(self.indeg[y - back][u]),
+                *degrees(self.outdeg[y - back][u], self.indeg[y - back][u], self.merged),
             ]
         earlier = range(y)
         active = [j for j in earlier if self.indeg[j][v] or self.outdeg[j][v]]
         destination = [j for j in earlier if self.indeg[j][v]]
         out += [
-            np.log1p(sum(self.indeg[j][v] for j in earlier)),
-            np.log1p(sum(self.outdeg[j][v] for j in earlier)),
+            *degrees(
+                sum(self.indeg[j][v] for j in earlier),
+                sum(self.outdeg[j][v] for j in earlier),
+                self.merged,
+            ),
             float(max(active, default=-5) - y),
             float(max(destination, default=-20) - y),
             float(sum(self.neighbours[j].get(u, Counter())[v] for j in earlier)),
@@ -97,6 +109,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="../shared/data/canparl/edges.csv.gz")
     ap.add_argument("--batch", action="store_true", help="add batch-visible statistics")
+    ap.add_argument(
+        "--merged-roles", action="store_true", help="sum each in- and out-degree pair"
+    )
     ap.add_argument("--per-year", type=int, default=800, help="events sampled per year")
     args = ap.parse_args()
     with gzip.open(args.data, "rt") as f:
@@ -104,7 +119,7 @@ def main() -> None:
     src, dst = rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64)
     year = np.searchsorted(np.unique(rows[:, 2]), rows[:, 2])
     destinations = np.unique(dst)
-    years = Years(src, dst, year)
+    years = Years(src, dst, year, args.merged_roles)
     rng = np.random.default_rng(0)
 
     def sample(ys: range) -> tuple[np.ndarray, np.ndarray]:
