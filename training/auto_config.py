@@ -117,6 +117,7 @@ class AutoSettings:
     config: dict[str, Any] = field(default_factory=dict)
     historical_negatives: float = 0.0
     visibility: str = "exact"
+    select_on: str = "random"
     reasons: list[str] = field(default_factory=list)
 
     def as_json(self, profile: StreamProfile) -> dict[str, Any]:
@@ -128,9 +129,10 @@ def choose_settings(
     explicit_config: dict[str, Any],
     explicit_historical: float | None,
     explicit_visibility: str | None = None,
+    explicit_select_on: str | None = None,
 ) -> AutoSettings:
     """The rules above, skipping any setting the caller gave explicitly."""
-    auto = AutoSettings()
+    auto = AutoSettings(select_on=explicit_select_on or "random")
     buckets = int(explicit_config.get("node_hash_buckets", ModelConfig().node_hash_buckets))
     match_fields = ("identity_match_dim", "identity_match_depth", "neighbour_list_len")
     small_items = 0 < profile.destinations <= min(ITEM_SIDE_MAX, buckets)

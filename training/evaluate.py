@@ -76,17 +76,35 @@ def evaluate_model(
     return metrics, queries
 
 
+# The validation negatives a training run selects its best epoch on (``--select-on``):
+# random ones alone, as DyGLib selects, or the mean AP over all three kinds.
+SELECTION_NEGATIVES: dict[str, tuple[str, ...]] = {
+    "random": ("random",),
+    "mean": ("random", "historical", "inductive"),
+}
+
+
+def validation_metrics(
+    model: DygMambaLinkModel,
+    data: IndexedStream,
+    split: ChronologicalSplit,
+    visibility: str = "exact",
+    negatives: Sequence[str] = ("random",),
+) -> dict[str, dict[str, float]]:
+    """The per-epoch check: streaming replay on validation, transductive; the metrics of
+    each kind of negatives asked for."""
+    m, _ = evaluate_model(model, data, split, ("val",), ("transductive",), negatives, 0, visibility)
+    return {kind: m["val"]["transductive"][kind] for kind in negatives}
+
+
 def validation_ap(
     model: DygMambaLinkModel,
     data: IndexedStream,
     split: ChronologicalSplit,
     visibility: str = "exact",
 ) -> dict[str, float]:
-    """The per-epoch check: streaming replay on validation, random negatives."""
-    m, _ = evaluate_model(
-        model, data, split, ("val",), ("transductive",), ("random",), 0, visibility
-    )
-    return m["val"]["transductive"]["random"]
+    """Validation metrics with random negatives."""
+    return validation_metrics(model, data, split, visibility)["random"]
 
 
 def trained_visibility(checkpoint_metrics: dict[str, Any]) -> str:

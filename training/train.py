@@ -14,9 +14,11 @@ through ``model.head_logit``. BCE, Adam, gradient clipping.
 With ``visibility="batch"`` a query reads the states and lists as of the start of its
 batch instead (TGN memory style), for comparison.
 
-After every epoch the STREAMING evaluator (``evaluate.validation_ap``: the same
-``streaming.advance``/``streaming.score`` the service runs) measures validation AP;
-the best epoch is saved with ``save_checkpoint`` (early stopping with ``patience``).
+After every epoch the STREAMING evaluator (``evaluate.validation_metrics``: the same
+``streaming.advance``/``streaming.score`` the service runs) measures validation AP,
+with random negatives or, with ``select_on="mean"``, the mean over random, historical
+and inductive ones; the best epoch is saved with ``save_checkpoint`` (early stopping
+with ``patience``).
 Training is resumable: optimizer, model and bookkeeping go to ``out/train_state/``
 (safetensors + JSON, never pickle) after every epoch.
 
@@ -24,7 +26,7 @@ CLI::
 
     python -m training.train --data PATH --out DIR [--epochs N] [--batch-size B] [--lr LR]
         [--seed S] [--patience P] [--max-events N] [--window W] [--visibility exact|batch]
-        [--resume] [--set key=value ...]
+        [--select-on random|mean] [--resume] [--set key=value ...]
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from model.time_encoding import fit_time_normalisation
 from .auto_config import AutoSettings, StreamProfile, choose_settings
 from .batches import IndexedStream, NodeEventIndex
 from .data import chronological_split, read_edge_stream
-from .evaluate import evaluate_model, validation_ap
+from .evaluate import SELECTION_NEGATIVES, evaluate_model, validation_metrics
 from .jsonable import jsonable
 from .metrics import average_precision, roc_auc
 from .negatives import TrainNegativeSampler
@@ -339,13 +341,16 @@ def train(
     historical_negatives: float | None = None,
     auto: bool = True,
     historical_extra: bool = False,
+    select_on: str | None = None,
 ) -> str:
     """Train on ``data_path``; save the best-validation checkpoint to ``out_dir``; return its version.
 
-    ``visibility`` None: chosen from the training split (``auto_config``; exact unless
-    the stream comes in snapshots)."""
+    ``visibility`` and ``select_on`` None: chosen from the training split
+    (``auto_config``; exact visibility unless the stream comes in snapshots)."""
     if visibility not in (None, "exact", "batch"):
         raise ValueError("visibility must be 'exact' or 'batch'")
+    if select_on not in (None, *SELECTION_NEGATIVES):
+        raise ValueError(f"select_on must be one of {sorted(SELECTION_NEGATIVES)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
@@ -365,15 +370,18 @@ def train(
     # anything the caller set explicitly wins. A full ModelConfig is explicit throughout.
     profile = StreamProfile.of(data.src[train_events], data.dst[train_events], data.t[train_events])
     chosen = (
-        choose_settings(profile, overrides, historical_negatives, visibility)
+        choose_settings(profile, overrides, historical_negatives, visibility, select_on)
         if auto and not isinstance(config, ModelConfig)
         else AutoSettings(
-            historical_negatives=historical_negatives or 0.0, visibility=visibility or "exact"
+            historical_negatives=historical_negatives or 0.0,
+            visibility=visibility or "exact",
+            select_on=select_on or "random",
         )
     )
     overrides = {**chosen.config, **overrides}
     historical_negatives = chosen.historical_negatives
     visibility = chosen.visibility
+    selection = SELECTION_NEGATIVES[chosen.select_on]
     cfg = ModelConfig().with_updates(
         **overrides,
         edge_feature_dim=data.feature_dim,
@@ -383,7 +391,8 @@ def train(
     opt = torch.optim.Adam(model.parameters(), lr=lr)
 
     history: list[dict[str, Any]] = []
-    best = {"ap": -math.inf, "epoch": -1}
+    # "score": the validation AP the epochs are compared on (``select_on``).
+    best = {"score": -math.inf, "epoch": -1}
     start_epoch = 0
     if resume:
         doc = _load_train_state(out, model, opt)
@@ -391,6 +400,7 @@ def train(
             if doc.get("config") != jsonable(cfg.model_dump(mode="json")):
                 raise ValueError("cannot resume: the saved training state has another model config")
             history, best, start_epoch = doc["history"], doc["best"], doc["epoch"] + 1
+            best.setdefault("score", best.pop("ap", -math.inf))  # a state saved before select_on
             if doc.get("stopped"):
                 start_epoch = epochs
     info = {
@@ -410,6 +420,7 @@ def train(
         "patience": patience,
         "historical_negatives": historical_negatives,
         "historical_negatives_extra": historical_extra,
+        "select_on": chosen.select_on,
         "auto": chosen.as_json(profile),
         "max_events": max_events,
         "max_train_events": max_train_events,
@@ -466,7 +477,9 @@ def train(
         train_time = time.perf_counter() - t0
         y, s = np.concatenate(all_labels), np.concatenate(all_logits)
         t1 = time.perf_counter()
-        val = validation_ap(model, data, split, visibility)
+        by_kind = validation_metrics(model, data, split, visibility, selection)
+        val = by_kind["random"]
+        score = float(np.mean([by_kind[kind]["ap"] for kind in selection]))
         eval_time = time.perf_counter() - t1
         row = {
             "epoch": epoch,
@@ -476,6 +489,8 @@ def train(
             "val_ap": val["ap"],
             "val_auc": val["auc"],
             "val_ap_global": val["ap_global"],
+            **{f"val_ap_{kind}": by_kind[kind]["ap"] for kind in selection if kind != "random"},
+            "val_score": score,
             "epoch_time_s": train_time,
             "eval_time_s": eval_time,
         }
@@ -486,8 +501,8 @@ def train(
                 f"val AP {val['ap']:.4f} AUC {val['auc']:.4f} ({train_time:.1f}s train, {eval_time:.1f}s eval)",
                 flush=True,
             )
-        if val["ap"] > best["ap"] or best["epoch"] < 0:
-            best = {"ap": val["ap"], "epoch": epoch}
+        if score > best["score"] or best["epoch"] < 0:
+            best = {"score": score, "epoch": epoch}
             bad_epochs = 0
             save_checkpoint(out, model, _metrics_doc(info, cfg, history, best, None))
         else:
@@ -521,7 +536,7 @@ def train(
         test = m["test"]["transductive"]["random"]
         if progress:
             print(
-                f"best epoch {best['epoch']}: val AP {best['ap']:.4f}, test AP {test['ap']:.4f} AUC {test['auc']:.4f}"
+                f"best epoch {best['epoch']}: val score {best['score']:.4f}, test AP {test['ap']:.4f} AUC {test['auc']:.4f}"
             )
     return save_checkpoint(out, ckpt.model, _metrics_doc(info, ckpt.config, history, best, test))
 
@@ -543,6 +558,14 @@ def _metrics_doc(
             "ap_global": best_row.get("val_ap_global"),
             "negatives": "random",
             "setting": "transductive",
+            # What the best epoch was chosen on, and where it was more than random AP,
+            # the other negatives' AP.
+            "score": best_row.get("val_score"),
+            **{
+                key.removeprefix("val_"): value
+                for key, value in best_row.items()
+                if key in ("val_ap_historical", "val_ap_inductive")
+            },
         },
         "test": None
         if test is None
@@ -619,6 +642,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         " instead of replacing it",
     )
     ap.add_argument(
+        "--select-on",
+        choices=sorted(SELECTION_NEGATIVES),
+        default=None,
+        help="the validation AP that picks the best epoch: random negatives, or the mean over"
+        " random, historical and inductive ones; default: chosen from the training split"
+        " (training/auto_config.py)",
+    )
+    ap.add_argument(
         "--no-auto",
         action="store_true",
         help="no settings from the stream's statistics: the ModelConfig defaults and --set only",
@@ -653,6 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         historical_negatives=args.historical_negatives,
         auto=not args.no_auto,
         historical_extra=args.historical_extra,
+        select_on=args.select_on,
     )
     print(f"model version {version} -> {args.out}")
     return 0

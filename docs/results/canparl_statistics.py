@@ -109,9 +109,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="../shared/data/canparl/edges.csv.gz")
     ap.add_argument("--batch", action="store_true", help="add batch-visible statistics")
-    ap.add_argument(
-        "--merged-roles", action="store_true", help="sum each in- and out-degree pair"
-    )
+    ap.add_argument("--merged-roles", action="store_true", help="sum each in- and out-degree pair")
     ap.add_argument("--per-year", type=int, default=800, help="events sampled per year")
     args = ap.parse_args()
     with gzip.open(args.data, "rt") as f:

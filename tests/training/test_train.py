@@ -318,3 +318,43 @@ def test_default_command_takes_settings_from_the_stream(data_dir, tmp_path, auto
     else:
         assert ckpt.config.identity_match_dim == 0 and ckpt.config.neighbour_list_len == 32
         assert chosen["reasons"] == [] and ckpt.metrics["historical_negatives"] == 0.0
+
+
+def test_selection_on_the_mean_of_three_negative_kinds(uci_path, tmp_path) -> None:
+    """--select-on mean: every epoch records the historical and inductive validation AP
+    beside the random one, the best epoch is the one with the highest mean of the three,
+    and its metrics say what it was chosen on."""
+    train(
+        uci_path,
+        tmp_path,
+        {"d_model": 8, "d_state": 4, "d_time": 4, "head_hidden": 16},
+        epochs=3,
+        max_events=1500,
+        progress=False,
+        test_eval=False,
+        window=4,
+        select_on="mean",
+    )
+    ckpt = load_checkpoint(tmp_path)
+    history = ckpt.metrics["history"]
+    assert len(history) == 3 and ckpt.metrics["select_on"] == "mean"
+    for row in history:
+        kinds = [row["val_ap"], row["val_ap_historical"], row["val_ap_inductive"]]
+        assert all(0.0 < ap <= 1.0 for ap in kinds)
+        assert row["val_score"] == pytest.approx(np.mean(kinds), abs=1e-12)
+    scores = [row["val_score"] for row in history]
+    assert ckpt.metrics["best_epoch"] == int(np.argmax(scores))
+    best = history[ckpt.metrics["best_epoch"]]
+    assert ckpt.metrics["val"]["score"] == best["val_score"]
+    assert ckpt.metrics["val"]["ap_inductive"] == best["val_ap_inductive"]
+
+
+def test_selection_by_default_is_on_random_negatives(trained) -> None:
+    m = json.loads((trained[0] / "metrics.json").read_text())
+    assert m["select_on"] == "random" and "val_ap_historical" not in m["history"][0]
+    assert m["history"][0]["val_score"] == m["history"][0]["val_ap"]
+
+
+def test_selection_criterion_is_checked(uci_path, tmp_path) -> None:
+    with pytest.raises(ValueError, match="select_on"):
+        train(uci_path, tmp_path, epochs=1, max_events=500, progress=False, select_on="median")
