@@ -33,7 +33,7 @@ Rules:
 * **Snapshot pair features, under batch visibility.** The head also counts each
   endpoint's list entries at the query time and at its previous time: its events of the
   snapshot so far and of the one before (Can. Parl., 3 seeds: random AP 86.2 -> 88.0;
-  US Legis. seed 0: historical 94.4 -> 95.5, inductive 86.7 -> 89.4;
+  US Legis., 3 seeds: historical 94.5 -> 96.4, inductive 83.5 -> 87.8;
   docs/results/visibility-experiments.md).
 * **Neighbour lists that hold a snapshot, under batch visibility.** A query inside a
   snapshot reads the snapshot so far from its neighbour lists (``<= tau``): which pairs
