@@ -50,7 +50,7 @@ from .baselines import recompute, run_baselines
 from .evaluate import evaluate_model, load_data, trained_visibility
 from .jsonable import jsonable
 from .negatives import STRATEGIES
-from .train import DEFAULT_MAX_EPOCHS, DEFAULT_PATIENCE, train
+from .train import DEFAULT_MAX_EPOCHS, train
 
 # Paper (DyG-Mamba v1, Table 4): transductive AP, mean ± std over 5 runs.
 PAPER_TABLE4 = {
@@ -203,7 +203,7 @@ SHORT = {"random": "rnd", "historical": "hist", "inductive": "ind"}
 # bipartite streams, whose destination sides are small).
 _DEFAULT_BUDGET: dict[str, Any] = {
     "epochs": DEFAULT_MAX_EPOCHS,
-    "patience": DEFAULT_PATIENCE,
+    "patience": None,  # the trainer's: DEFAULT_PATIENCE, or its snapshot rule's
     "max_train_events": None,
     "mrr_k": 20,
 }

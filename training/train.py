@@ -329,7 +329,7 @@ def train(
     batch_size: int = 200,
     lr: float = 1e-3,
     seed: int = 0,
-    patience: int = DEFAULT_PATIENCE,
+    patience: int | None = None,
     max_events: int | None = None,
     visibility: str | None = None,
     resume: bool = False,
@@ -345,8 +345,9 @@ def train(
 ) -> str:
     """Train on ``data_path``; save the best-validation checkpoint to ``out_dir``; return its version.
 
-    ``visibility`` and ``select_on`` None: chosen from the training split
-    (``auto_config``; exact visibility unless the stream comes in snapshots)."""
+    ``visibility``, ``select_on`` and ``patience`` None: chosen from the training split
+    (``auto_config``; exact visibility, random negatives and ``DEFAULT_PATIENCE`` unless
+    the stream comes in snapshots)."""
     if visibility not in (None, "exact", "batch"):
         raise ValueError("visibility must be 'exact' or 'batch'")
     if select_on not in (None, *SELECTION_NEGATIVES):
@@ -370,14 +371,16 @@ def train(
     # anything the caller set explicitly wins. A full ModelConfig is explicit throughout.
     profile = StreamProfile.of(data.src[train_events], data.dst[train_events], data.t[train_events])
     chosen = (
-        choose_settings(profile, overrides, historical_negatives, visibility, select_on)
+        choose_settings(profile, overrides, historical_negatives, visibility, select_on, patience)
         if auto and not isinstance(config, ModelConfig)
         else AutoSettings(
             historical_negatives=historical_negatives or 0.0,
             visibility=visibility or "exact",
             select_on=select_on or "random",
+            patience=patience,
         )
     )
+    patience = chosen.patience or DEFAULT_PATIENCE
     overrides = {**chosen.config, **overrides}
     historical_negatives = chosen.historical_negatives
     visibility = chosen.visibility
@@ -603,8 +606,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--patience",
         type=int,
-        default=DEFAULT_PATIENCE,
-        help="stop after this many epochs without a better validation AP",
+        default=None,
+        help=f"stop after this many epochs without a better validation AP; default {DEFAULT_PATIENCE},"
+        " or chosen from the training split (training/auto_config.py)",
     )
     ap.add_argument(
         "--max-events", type=int, default=None, help="only the first N events of the stream"

@@ -11,6 +11,7 @@ from training.auto_config import (
     ITEM_SIDE_MAX,
     SNAPSHOT_GROUP_MIN,
     SNAPSHOT_LIST_MAX,
+    SNAPSHOT_PATIENCE,
     SNAPSHOT_SHARE_MIN,
     StreamProfile,
     choose_settings,
@@ -80,6 +81,22 @@ def test_snapshot_streams_train_with_batch_visibility(data_dir) -> None:
     assert any("batch visibility" in r for r in chosen.reasons)
     # An explicit visibility wins.
     assert choose_settings(p, {}, None, "exact").visibility == "exact"
+
+
+def test_snapshot_streams_choose_epochs_on_all_three_negative_kinds(data_dir) -> None:
+    p = _profile(data_dir, "uslegis")
+    chosen = choose_settings(p, {}, None)
+    assert (chosen.select_on, chosen.patience) == ("mean", SNAPSHOT_PATIENCE)
+    assert any("mean of the random, historical and inductive" in r for r in chosen.reasons)
+    # Explicit choices win: a given patience is kept, a given criterion ends the rule.
+    assert choose_settings(p, {}, None, None, None, 3).patience == 3
+    assert choose_settings(p, {}, None, None, None, 3).select_on == "mean"
+    explicit = choose_settings(p, {}, None, None, "random")
+    assert (explicit.select_on, explicit.patience) == ("random", None)
+    # Exact visibility (given, or on a stream without snapshots) keeps the defaults.
+    assert choose_settings(p, {}, None, "exact").select_on == "random"
+    uci = choose_settings(_profile(data_dir, "uci"), {}, None)
+    assert (uci.select_on, uci.patience) == ("random", None)
 
 
 def test_continuous_time_streams_keep_exact_visibility(data_dir) -> None:

@@ -16,6 +16,7 @@ from model.events import endpoint_events
 from model.link_model import DygMambaLinkModel
 from model.node_state import NodeStates
 from model.streaming import NeighbourLists, advance, score
+from training.auto_config import SNAPSHOT_PATIENCE
 from training.batches import IndexedStream, NodeEventIndex
 from training.data import chronological_split, read_edge_stream
 from training.replay import Queries, build_queries, replay
@@ -291,6 +292,9 @@ def test_batch_visibility_training_runs(uci_path, tmp_path) -> None:
     )
     ckpt = load_checkpoint(tmp_path)
     assert ckpt.metrics["visibility"] == "batch" and 0.0 < ckpt.metrics["val"]["ap"] <= 1.0
+    # Batch visibility: the snapshot rule picks epochs on all three kinds of negatives.
+    assert (ckpt.metrics["select_on"], ckpt.metrics["patience"]) == ("mean", SNAPSHOT_PATIENCE)
+    assert 0.0 < ckpt.metrics["history"][0]["val_ap_inductive"] <= 1.0
 
 
 @pytest.mark.parametrize("auto", [True, False], ids=["auto", "no-auto"])
