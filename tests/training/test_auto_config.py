@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from training.auto_config import (
+    DENSE_SNAPSHOT_NODE_EVENTS,
     HISTORICAL_SHARE,
     ITEM_SIDE_MAX,
     SNAPSHOT_GROUP_MIN,
@@ -88,6 +89,7 @@ def test_snapshot_streams_choose_epochs_on_all_three_negative_kinds(data_dir) ->
     chosen = choose_settings(p, {}, None)
     assert (chosen.select_on, chosen.patience) == ("mean", SNAPSHOT_PATIENCE)
     assert any("mean of the random, historical and inductive" in r for r in chosen.reasons)
+    assert p.snapshot_node_events > DENSE_SNAPSHOT_NODE_EVENTS
     # Explicit choices win: a given patience is kept, a given criterion ends the rule.
     assert choose_settings(p, {}, None, None, None, 3).patience == 3
     assert choose_settings(p, {}, None, None, None, 3).select_on == "mean"
@@ -97,6 +99,17 @@ def test_snapshot_streams_choose_epochs_on_all_three_negative_kinds(data_dir) ->
     assert choose_settings(p, {}, None, "exact").select_on == "random"
     uci = choose_settings(_profile(data_dir, "uci"), {}, None)
     assert (uci.select_on, uci.patience) == ("random", None)
+
+
+def test_sparse_snapshots_keep_epochs_chosen_on_random_negatives() -> None:
+    # Batch visibility, but each node has only 10 events in a snapshot of 250.
+    t = np.repeat([0.0, 1.0], 250)
+    src = np.arange(500) % 25
+    p = StreamProfile.of(src, src + 25, t)
+    assert p.snapshot_node_events == 10.0 <= DENSE_SNAPSHOT_NODE_EVENTS
+    chosen = choose_settings(p, {}, None)
+    assert chosen.visibility == "batch"
+    assert (chosen.select_on, chosen.patience) == ("random", None)
 
 
 def test_continuous_time_streams_keep_exact_visibility(data_dir) -> None:

@@ -16,11 +16,10 @@ from model.events import endpoint_events
 from model.link_model import DygMambaLinkModel
 from model.node_state import NodeStates
 from model.streaming import NeighbourLists, advance, score
-from training.auto_config import SNAPSHOT_PATIENCE
 from training.batches import IndexedStream, NodeEventIndex
 from training.data import chronological_split, read_edge_stream
 from training.replay import Queries, build_queries, replay
-from training.train import TRAIN_STATE_DIR, EpochRunner, train
+from training.train import DEFAULT_PATIENCE, TRAIN_STATE_DIR, EpochRunner, train
 
 N_EVENTS = 2000
 
@@ -292,9 +291,10 @@ def test_batch_visibility_training_runs(uci_path, tmp_path) -> None:
     )
     ckpt = load_checkpoint(tmp_path)
     assert ckpt.metrics["visibility"] == "batch" and 0.0 < ckpt.metrics["val"]["ap"] <= 1.0
-    # Batch visibility: the snapshot rule picks epochs on all three kinds of negatives.
-    assert (ckpt.metrics["select_on"], ckpt.metrics["patience"]) == ("mean", SNAPSHOT_PATIENCE)
-    assert 0.0 < ckpt.metrics["history"][0]["val_ap_inductive"] <= 1.0
+    # Batch visibility without dense snapshots (UCI has none): epochs are still chosen on
+    # random negatives, with the default patience.
+    assert (ckpt.metrics["select_on"], ckpt.metrics["patience"]) == ("random", DEFAULT_PATIENCE)
+    assert "val_ap_inductive" not in ckpt.metrics["history"][0]
 
 
 @pytest.mark.parametrize("auto", [True, False], ids=["auto", "no-auto"])
