@@ -22,6 +22,14 @@ from training.replay import Queries, build_queries, replay
 from training.train import DEFAULT_PATIENCE, TRAIN_STATE_DIR, EpochRunner, train
 
 N_EVENTS = 2000
+# A tiny model on 1,500 events, no test pass: for tests of what the trainer chooses.
+TINY_RUN = {
+    "config": {"d_model": 8, "d_state": 4, "d_time": 4, "head_hidden": 16},
+    "max_events": 1500,
+    "progress": False,
+    "test_eval": False,
+    "window": 4,
+}
 
 
 @pytest.fixture(scope="module")
@@ -301,17 +309,7 @@ def test_batch_visibility_training_runs(uci_path, tmp_path) -> None:
 def test_default_command_takes_settings_from_the_stream(data_dir, tmp_path, auto) -> None:
     """MOOC is bipartite with a small item side: the trainer turns the identity match on
     by itself (auto_config), records why, and --no-auto keeps the plain defaults."""
-    train(
-        data_dir / "mooc" / "edges.csv.gz",
-        tmp_path,
-        {"d_model": 8, "d_state": 4, "d_time": 4, "head_hidden": 16},
-        epochs=1,
-        max_events=1500,
-        progress=False,
-        test_eval=False,
-        window=4,
-        auto=auto,
-    )
+    train(data_dir / "mooc" / "edges.csv.gz", tmp_path, epochs=1, auto=auto, **TINY_RUN)
     ckpt = load_checkpoint(tmp_path)
     chosen = ckpt.metrics["auto"]
     assert chosen["profile"]["bipartite"]
@@ -328,17 +326,7 @@ def test_selection_on_the_mean_of_three_negative_kinds(uci_path, tmp_path) -> No
     """--select-on mean: every epoch records the historical and inductive validation AP
     beside the random one, the best epoch is the one with the highest mean of the three,
     and its metrics say what it was chosen on."""
-    train(
-        uci_path,
-        tmp_path,
-        {"d_model": 8, "d_state": 4, "d_time": 4, "head_hidden": 16},
-        epochs=3,
-        max_events=1500,
-        progress=False,
-        test_eval=False,
-        window=4,
-        select_on="mean",
-    )
+    train(uci_path, tmp_path, epochs=3, select_on="mean", **TINY_RUN)
     ckpt = load_checkpoint(tmp_path)
     history = ckpt.metrics["history"]
     assert len(history) == 3 and ckpt.metrics["select_on"] == "mean"
