@@ -67,7 +67,8 @@ class Years:
         lo = int(self.year_start[y])
         hi = lo + (i - lo) // batch * batch
         s, d = self.src[lo:hi], self.dst[lo:hi]
-        u_out, u_in = (s == u).sum(), (d == u).sum() if self.merged else 0
+        u_out = (s == u).sum()
+        u_in = (d == u).sum() if self.merged else 0  # split roles: u's out-degree alone
         return [
             *degrees((d == v).sum(), (s == v).sum(), self.merged),
             float(((s == u) & (d == v)).any()),
