@@ -18,8 +18,8 @@ import torch
 from .config import ModelConfig
 from .node_state import NodeStates
 from .rank_plan import RankPlan
-
-ROLE_SRC, ROLE_DST = 0, 1
+from .roles import ROLE_DST as ROLE_DST  # re-exported: events are where roles are used
+from .roles import ROLE_SRC as ROLE_SRC
 
 
 @dataclass
