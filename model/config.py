@@ -73,6 +73,20 @@ class ModelConfig(BaseModel):
         " time and at its previous distinct time (the snapshot so far and the last one; the"
         " trainer turns it on for snapshot streams under batch visibility)",
     )
+    role_counts: bool = Field(
+        False,
+        description="ten more pair features per endpoint from a record kept beside its"
+        " neighbour list: its in- and out-events in the query's snapshot so far, the one"
+        " before, the three before and all earlier ones, and the time since it was last a"
+        " destination (model/role_counts.py; the trainer turns it on for snapshot streams"
+        " under batch visibility)",
+    )
+    role_count_unit: float = Field(
+        1.0,
+        gt=0,
+        description="length of one snapshot for the role counts, in the stream's time units"
+        " (the trainer picks the median spacing of the training snapshots)",
+    )
     time_norm: TimeNormalisation = TimeNormalisation()
     delta_min: float = Field(
         DEFAULT_DELTA_MIN,
@@ -94,6 +108,8 @@ class ModelConfig(BaseModel):
     def _something_to_score(self) -> ModelConfig:
         if not (self.use_state or self.use_pair_features):
             raise ValueError("at least one of use_state / use_pair_features must be on")
+        if self.role_counts and not self.use_pair_features:
+            raise ValueError("role_counts are pair features: they need use_pair_features")
         if self.identity_match_dim and not self.node_hash_buckets:
             raise ValueError(
                 "identity_match_dim needs node_hash_buckets > 0 (the match hashes node ids)"

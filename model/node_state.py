@@ -7,11 +7,15 @@ version, the watermark t_last/last_seq, n_events), then::
     64     ...   h: n_layers x d_inner x d_state float32, then conv: n_layers x d_inner x (d_conv-1)
     ...    8 L   recent-neighbour keys (i64, oldest first, right-aligned, -1 = empty)
     ...    8 L   their event times (f64, +inf = empty)
+    ...    80    with ``role_counts``: the role-count record (10 f64, model/role_counts.py)
 
 L is the config's ``neighbour_list_len`` (also in header bytes 18..19). The neighbour
 list is kept next to the state (DESIGN "The state of one node"), written by the same
 compare-and-set as the state, so a query reads a node's state and its list with one
-MGET and the list is exactly as of the state's watermark. Format 1 had no list.
+MGET and the list is exactly as of the state's watermark. Format 1 had no list. The
+role-count record, where the model keeps one, travels with the list the same way; the
+blob's size and the model version (which differs for such a model) tell a reader that
+expects it from one that does not.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from state_store.blob_header import (
 )
 
 from .config import ModelConfig
+from .role_counts import RECORD_WIDTH, advance_records, empty_records
 
 STATE_FORMAT_VERSION = 2
 
@@ -112,17 +117,28 @@ class NodeStates:
 @dataclass
 class NeighbourLists:
     """Recent neighbours of N nodes: keys (N, L) int64 (PAD_KEY = empty), times float64
-    (+inf = empty); oldest first, right-aligned (the newest entry is the last column)."""
+    (+inf = empty); oldest first, right-aligned (the newest entry is the last column).
+    ``counts``: the nodes' role-count records (N, RECORD_WIDTH) float64 where the model
+    keeps them (``ModelConfig.role_counts``), else None."""
 
     keys: torch.Tensor
     times: torch.Tensor
+    counts: torch.Tensor | None = None
 
     @classmethod
-    def empty(cls, n: int, length: int) -> NeighbourLists:
+    def empty(cls, n: int, length: int, role_counts: bool = False) -> NeighbourLists:
         return cls(
             torch.full((n, length), PAD_KEY, dtype=torch.int64),
             torch.full((n, length), np.inf, dtype=torch.float64),
+            torch.from_numpy(empty_records(n)) if role_counts else None,
         )
+
+    def assign(self, rows: torch.Tensor, other: NeighbourLists) -> None:
+        """Overwrite rows ``rows`` with ``other``'s rows, in place."""
+        self.keys[rows], self.times[rows] = other.keys, other.times
+        if self.counts is not None:
+            assert other.counts is not None, "role-count records missing"
+            self.counts[rows] = other.counts
 
     @classmethod
     def from_lists(
@@ -140,21 +156,27 @@ class NeighbourLists:
 
     def select(self, index: torch.Tensor | list[int]) -> NeighbourLists:
         idx = torch.as_tensor(index, dtype=torch.long)
-        return NeighbourLists(self.keys[idx], self.times[idx])
+        counts = None if self.counts is None else self.counts[idx.to(self.counts.device)]
+        return NeighbourLists(self.keys[idx], self.times[idx], counts)
 
     def to(self, device: torch.device | str) -> NeighbourLists:
         if self.keys.device == torch.device(device):
             return self
-        return NeighbourLists(self.keys.to(device), self.times.to(device))
+        counts = None if self.counts is None else self.counts.to(device)
+        return NeighbourLists(self.keys.to(device), self.times.to(device), counts)
 
     def extended(self, per_node: Sequence[Sequence[Any]]) -> NeighbourLists:
-        """The lists after appending each node's new entries (objects with ``other_key``
-        and ``t``, oldest first): the last L of old + new, vectorised over nodes."""
+        """The lists after appending each node's new entries (objects with ``other_key``,
+        ``t`` and ``role``, oldest first): the last L of old + new, vectorised over
+        nodes; the role-count records, where kept, advanced over the same entries."""
+        records = None
+        if self.counts is not None:
+            records = torch.from_numpy(advance_records(self.counts.numpy(), per_node))
         n, length = self.keys.shape
         counts = np.fromiter((len(e) for e in per_node), dtype=np.int64, count=n)
         total = int(counts.sum())
         if total == 0:
-            return NeighbourLists(self.keys.clone(), self.times.clone())
+            return NeighbourLists(self.keys.clone(), self.times.clone(), records)
         width = length + int(counts.max())
         keys = np.full((n, width), PAD_KEY, dtype=np.int64)
         times = np.full((n, width), np.inf, dtype=np.float64)
@@ -171,6 +193,7 @@ class NeighbourLists:
         return NeighbourLists(
             torch.from_numpy(np.take_along_axis(keys, take, 1)),
             torch.from_numpy(np.take_along_axis(times, take, 1)),
+            records,
         )
 
 
@@ -188,8 +211,10 @@ class StateCodec:
         self._h_size = int(np.prod(self._h_shape))
         self._conv_size = int(np.prod(self._conv_shape))
         self.list_len = config.neighbour_list_len
+        self.role_counts = config.role_counts
         self._arrays_size = 4 * (self._h_size + self._conv_size)
-        self.blob_size = HEADER_SIZE + self._arrays_size + 16 * self.list_len
+        self._counts_size = 8 * RECORD_WIDTH if self.role_counts else 0
+        self.blob_size = HEADER_SIZE + self._arrays_size + 16 * self.list_len + self._counts_size
         self._shape_fields = (
             MAGIC,
             STATE_FORMAT_VERSION,
@@ -228,17 +253,21 @@ class StateCodec:
         """One blob per node (``lists`` None: empty neighbour lists), in one numpy pass."""
         n = len(states)
         if lists is None:
-            lists = NeighbourLists.empty(n, self.list_len)
+            lists = NeighbourLists.empty(n, self.list_len, self.role_counts)
         if tuple(lists.keys.shape) != (n, self.list_len):
             raise ValueError(
                 f"neighbour lists of shape {tuple(lists.keys.shape)}, expected {(n, self.list_len)}"
             )
+        if (lists.counts is not None) != self.role_counts:
+            raise ValueError("role-count records are kept exactly when the model has role_counts")
         parts = [
             states.h.detach().to(torch.float32).contiguous().numpy().reshape(n, -1),
             states.conv.detach().to(torch.float32).contiguous().numpy().reshape(n, -1),
             lists.keys.to(torch.int64).contiguous().numpy(),
             lists.times.to(torch.float64).contiguous().numpy(),
         ]
+        if lists.counts is not None:
+            parts.append(lists.counts.to(torch.float64).contiguous().numpy())
         body = np.concatenate([p.view(np.uint8).reshape(n, -1) for p in parts], axis=1)
         t = states.t_last.tolist()
         s = states.last_seq.tolist()
@@ -310,7 +339,8 @@ class StateCodec:
         """States and neighbour lists of blobs, headers validated, arrays in one pass."""
         n = len(blobs)
         if n == 0:
-            return NodeStates.initial(0, self.config), NeighbourLists.empty(0, self.list_len)
+            empty = NeighbourLists.empty(0, self.list_len, self.role_counts)
+            return NodeStates.initial(0, self.config), empty
         raw = self._checked_rows(blobs)
 
         def field(lo: int, hi: int, dtype: type) -> torch.Tensor:
@@ -326,6 +356,10 @@ class StateCodec:
             last_seq=field(WATERMARK_SEQ_OFFSET, WATERMARK_SEQ_OFFSET + 8, np.int64).reshape(n),
             n_events=field(N_EVENTS_OFFSET, N_EVENTS_OFFSET + 8, np.int64).reshape(n),
         )
-        keys = raw[:, start : start + 8 * self.list_len].copy().view(np.int64)
-        times = raw[:, start + 8 * self.list_len :].copy().view(np.float64)
-        return states, NeighbourLists(torch.from_numpy(keys), torch.from_numpy(times))
+        times_at, counts_at = start + 8 * self.list_len, start + 16 * self.list_len
+        keys = raw[:, start:times_at].copy().view(np.int64)
+        times = raw[:, times_at:counts_at].copy().view(np.float64)
+        counts = None
+        if self.role_counts:
+            counts = torch.from_numpy(raw[:, counts_at:].copy().view(np.float64))
+        return states, NeighbourLists(torch.from_numpy(keys), torch.from_numpy(times), counts)

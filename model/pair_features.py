@@ -16,7 +16,9 @@ query clamped behind a node's last event) never count:
   log-span since each node's last event;
 * with ``snapshot_pair_features``, each node's visible entries at tau and at its
   latest earlier time: on a snapshot stream under batch visibility, its events of the
-  snapshot so far and of the snapshot before.
+  snapshot so far and of the snapshot before;
+* with ``role_counts``, each node's in- and out-events over its whole history, from the
+  record kept beside its list (``model/role_counts.py``), which the list alone cannot count.
 
 All counts enter as log1p. The same function runs in the trainer and the service.
 
@@ -34,6 +36,7 @@ import torch
 
 from .config import ModelConfig, TimeNormalisation
 from .node_state import PAD_KEY, NeighbourLists, NodeStates
+from .role_counts import ROLE_COUNT_FEATURES, role_count_features
 from .time_encoding import standardised_log_span
 
 PAIR_FEATURE_DIM = 11
@@ -42,7 +45,9 @@ SNAPSHOT_FEATURE_DIM = 4  # ModelConfig.snapshot_pair_features: 2 per endpoint
 
 def pair_feature_dim(config: ModelConfig) -> int:
     """Columns of the pair features the config computes."""
-    return PAIR_FEATURE_DIM + (SNAPSHOT_FEATURE_DIM if config.snapshot_pair_features else 0)
+    snapshot = SNAPSHOT_FEATURE_DIM if config.snapshot_pair_features else 0
+    counts = 2 * ROLE_COUNT_FEATURES if config.role_counts else 0
+    return PAIR_FEATURE_DIM + snapshot + counts
 
 
 def pair_features(
@@ -215,6 +220,13 @@ def pair_inputs(
             config.time_norm,
             config.snapshot_pair_features,
         )
+        if config.role_counts:
+            if lists_u.counts is None or lists_v.counts is None:
+                raise ValueError("this model reads role counts: the lists must carry them")
+            unit = config.role_count_unit
+            counts = role_count_features(lists_u.counts, tau, unit)
+            counts += role_count_features(lists_v.counts, tau, unit)
+            pair = torch.cat([pair, torch.stack(counts, dim=1)], dim=1)
     if config.identity_match_dim:
         ids = pair_identity_keys(
             key_u,

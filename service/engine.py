@@ -176,7 +176,7 @@ class ModelRuntime:
         if len(present) == len(blobs):
             return self.codec.decode_with_neighbours(list(blobs))  # type: ignore[arg-type]
         states = NodeStates.initial(len(blobs), self.config)
-        lists = NeighbourLists.empty(len(blobs), self.codec.list_len)
+        lists = NeighbourLists.empty(len(blobs), self.codec.list_len, self.config.role_counts)
         if present:
             dec, nbr = self.codec.decode_with_neighbours([blobs[i] for i in present])  # type: ignore[misc]
             idx = torch.tensor(present)
@@ -186,7 +186,7 @@ class ModelRuntime:
                 dec.last_seq,
                 dec.n_events,
             )
-            lists.keys[idx], lists.times[idx] = nbr.keys, nbr.times
+            lists.assign(idx, nbr)
         return states, lists
 
     def advance_blobs(
@@ -580,6 +580,7 @@ class Engine:
                 iu,
                 iv,
                 tau,
+                None if lists.counts is None else lists.counts.numpy(),
             ).tolist()
         else:
             dev = rt.device

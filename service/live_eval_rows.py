@@ -40,8 +40,7 @@ def states_before(
     new = rt.kernels.advance(states.select(idx).to(rt.device), per_row).to("cpu")
     states.h[idx], states.t_last[idx], states.n_events[idx] = new.h, new.t_last, new.n_events
     states.last_seq[idx] = new.last_seq
-    grown = lists.select(idx).extended(per_row)
-    lists.keys[idx], lists.times[idx] = grown.keys, grown.times
+    lists.assign(idx, lists.select(idx).extended(per_row))
     return states, lists
 
 

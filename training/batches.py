@@ -23,6 +23,7 @@ import torch
 from model.events import ROLE_DST, ROLE_SRC, EventInputs
 from model.node_ids import node_keys
 from model.pair_features import PAD_KEY
+from model.role_counts import empty_records, prefix_records
 from model.streaming import NeighbourLists
 
 from .data import EdgeStream
@@ -80,6 +81,8 @@ class NodeEventIndex:
     # For vectorised prefix counts: composite sort key (node, rank of t).
     _unique_t: np.ndarray
     _comp: np.ndarray
+    # Role-count records at every prefix (built on first use).
+    _records: np.ndarray | None = None
 
     @classmethod
     def build(cls, data: IndexedStream, events: np.ndarray) -> NodeEventIndex:
@@ -118,10 +121,14 @@ class NodeEventIndex:
             out[i] = np.searchsorted(self.event[lo:hi], e, side="left")
         return out
 
-    def neighbour_lists(self, nodes: np.ndarray, m: np.ndarray, length: int) -> NeighbourLists:
-        """Last ``length`` (other key, t) entries among each node's first ``m`` events."""
+    def neighbour_lists(
+        self, nodes: np.ndarray, m: np.ndarray, length: int, role_counts: bool = False
+    ) -> NeighbourLists:
+        """Last ``length`` (other key, t) entries among each node's first ``m`` events;
+        with ``role_counts``, also each node's role-count record after them."""
         nodes = np.asarray(nodes, dtype=np.int64)
         m = np.asarray(m, dtype=np.int64)
+        counts = self.role_counts(nodes, m) if role_counts else None
         j = np.arange(length)
         idx = self.offsets[nodes][:, None] + m[:, None] - length + j[None, :]
         valid = j[None, :] >= (length - m)[:, None]
@@ -134,8 +141,21 @@ class NodeEventIndex:
             keys = np.where(valid, self.other_key[idx], PAD_KEY)
             times = np.where(valid, self.t[idx], np.inf)
         return NeighbourLists(
-            torch.from_numpy(keys.astype(np.int64)), torch.from_numpy(times.astype(np.float64))
+            torch.from_numpy(keys.astype(np.int64)),
+            torch.from_numpy(times.astype(np.float64)),
+            counts,
         )
+
+    def role_counts(self, nodes: np.ndarray, m: np.ndarray) -> torch.Tensor:
+        """(len(nodes), RECORD_WIDTH) role-count records after each node's first ``m``
+        events (the recurrence at every prefix, computed on first use)."""
+        if self._records is None:
+            self._records = prefix_records(self.offsets, self.t, self.role)
+        records = self._records
+        out = empty_records(len(nodes))
+        has = m > 0
+        out[has] = records[self.offsets[nodes[has]] + m[has] - 1]
+        return torch.from_numpy(out)
 
     def last_time(self, nodes: np.ndarray, m: np.ndarray) -> np.ndarray:
         """Time of each node's m-th event (the last one of the prefix), -inf when m == 0."""

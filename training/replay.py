@@ -25,6 +25,7 @@ from model.events import NodeEvent, endpoint_events, pad_events
 from model.link_model import DygMambaLinkModel
 from model.node_state import NodeStates
 from model.pair_features import PAD_KEY
+from model.role_counts import advance_records, empty_records
 from model.streaming import NeighbourLists, advance, score
 
 from .batches import IndexedStream
@@ -59,6 +60,7 @@ class StreamReplay:
         self.states = NodeStates.initial(n, model.config)
         self.nbr_keys = np.full((n, self.length), PAD_KEY, dtype=np.int64)
         self.nbr_t = np.full((n, self.length), np.inf, dtype=np.float64)
+        self.counts = empty_records(n) if model.config.role_counts else None
         self.applied = 0
 
     def per_node_events(self, events: np.ndarray) -> tuple[np.ndarray, list[list[NodeEvent]]]:
@@ -117,11 +119,15 @@ class StreamReplay:
             self.nbr_t[node, : self.length - k] = self.nbr_t[node, k:]
             self.nbr_keys[node, self.length - k :] = [e.other_key for e in tail]
             self.nbr_t[node, self.length - k :] = [e.t for e in tail]
+        if self.counts is not None:
+            self.counts[nodes] = advance_records(self.counts[nodes], lists)
         self.applied += len(events)
 
     def neighbour_lists(self, nodes: np.ndarray) -> NeighbourLists:
         return NeighbourLists(
-            torch.from_numpy(self.nbr_keys[nodes]), torch.from_numpy(self.nbr_t[nodes])
+            torch.from_numpy(self.nbr_keys[nodes]),
+            torch.from_numpy(self.nbr_t[nodes]),
+            None if self.counts is None else torch.from_numpy(self.counts[nodes]),
         )
 
     def score(self, qs: np.ndarray, qd: np.ndarray, qt: np.ndarray) -> np.ndarray:

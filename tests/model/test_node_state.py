@@ -7,6 +7,7 @@ import torch
 
 from model.config import ModelConfig
 from model.node_state import PAD_KEY, NeighbourLists, NodeStates, StateCodec, StateFormatError
+from model.role_counts import RECORD_WIDTH, TIMES
 from state_store.blob_header import HEADER_SIZE, read_watermark
 
 CFG = ModelConfig(n_layers=2, d_model=8, d_state=4, d_conv=3)
@@ -129,3 +130,26 @@ def test_decoded_states_own_their_memory():
     ):
         x.add_(1)
     assert blob == before
+
+
+def test_role_count_records_round_trip_and_size_the_blob():
+    """With ``role_counts`` the record travels after the list, exactly; a blob of the
+    model without them is refused by size."""
+    cfg = CFG.with_updates(neighbour_list_len=4, role_counts=True)
+    codec = StateCodec(cfg, "00ff00ff00ff00ff")
+    assert (
+        codec.blob_size
+        == StateCodec(CFG.with_updates(neighbour_list_len=4), "00ff00ff00ff00ff").blob_size
+        + 8 * RECORD_WIDTH
+    )
+    lists = NeighbourLists.empty(3, 4, role_counts=True)
+    lists.counts[1] = torch.arange(RECORD_WIDTH, dtype=torch.float64) + 0.25
+    blobs = codec.encode_many(some_states(3), lists)
+    back = codec.decode_with_neighbours(blobs)[1]
+    assert back.counts is not None and torch.equal(back.counts, lists.counts)
+    assert torch.isinf(back.counts[0, TIMES]).all()  # an empty record stays empty
+    plain = StateCodec(cfg.with_updates(role_counts=False), "00ff00ff00ff00ff")
+    with pytest.raises(StateFormatError, match="bytes"):
+        plain.decode_with_neighbours(blobs)
+    with pytest.raises(ValueError, match="role_counts"):
+        codec.encode_many(some_states(3), NeighbourLists.empty(3, 4))

@@ -1,9 +1,11 @@
 """model.numpy_scorer, the service's kernel for calls of a few pairs, against the torch
 path it repeats (``streaming.score_nodes``), for every model variant: several layers,
-identity match, no state, no pair features, snapshot counts; stale, fresh and never-seen nodes;
+identity match, no state, no pair features, snapshot counts, role counts; stale, fresh and never-seen nodes;
 neighbours before, at and after the query time; one query time and many."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from model.node_state import PAD_KEY, NeighbourLists, NodeStates
 from model.numpy_scorer import NumpyScorer, latest_visible_neighbours, pair_features
 from model.pair_features import latest_visible_neighbours as torch_latest_visible
 from model.pair_features import pair_features as torch_pair_features
+from model.role_counts import advance_records, empty_records
 from model.streaming import score_nodes
 from service.settings import DEFAULT_CHECKPOINT
 
@@ -42,6 +45,16 @@ def _nodes(
     lists = NeighbourLists(
         keys=torch.where(empty, PAD_KEY, keys), times=torch.where(empty, float("inf"), times)
     )
+    if cfg.role_counts:  # records of up to 40 events per node at 5 snapshot times
+        per_node = []
+        for _ in range(N_NODES):
+            n = int(torch.randint(0, 40, (1,), generator=gen))
+            t = torch.sort(torch.randint(0, 5, (n,), generator=gen)).values * 500.0
+            roles = torch.randint(0, 2, (n,), generator=gen)
+            per_node.append(
+                [SimpleNamespace(t=float(a), role=int(r)) for a, r in zip(t, roles, strict=True)]
+            )
+        lists.counts = torch.from_numpy(advance_records(empty_records(N_NODES), per_node))
     node_keys = (
         torch.arange(N_NODES, dtype=torch.int64) % 9
     )  # node keys collide with neighbour keys
@@ -72,6 +85,7 @@ def _numpy_logits(
         iu.numpy(),
         iv.numpy(),
         tau.numpy(),
+        None if lists.counts is None else lists.counts.numpy(),
     )
 
 
@@ -82,6 +96,7 @@ VARIANTS = {
     "no_state": {"use_state": False, "identity_match_dim": 4},
     "no_pair_features": {"use_pair_features": False},
     "snapshot_counts": {"snapshot_pair_features": True},
+    "role_counts": {"snapshot_pair_features": True, "role_counts": True, "role_count_unit": 500.0},
 }
 
 

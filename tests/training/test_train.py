@@ -141,15 +141,21 @@ def test_evaluator_equals_event_by_event_advance_and_score(trained, uci_slice) -
     np.testing.assert_allclose(q.logit, expected, atol=1e-4, rtol=0)
 
 
+SNAPSHOT_COUNTS = {"snapshot_pair_features": True}
+ROLE_COUNTS = {**SNAPSHOT_COUNTS, "role_counts": True, "role_count_unit": 200000.0}
+
+
 @pytest.mark.parametrize(
-    ("coarse", "historical", "extra", "visibility", "snapshot"),
+    ("coarse", "historical", "extra", "visibility", "fresh"),
     [
-        (False, 0.0, False, "exact", False),
-        (True, 0.0, False, "exact", False),
-        (False, 0.5, False, "exact", False),
-        (False, 0.5, True, "exact", False),
-        (True, 0.0, False, "batch", False),
-        (True, 0.0, False, "batch", True),
+        (False, 0.0, False, "exact", None),
+        (True, 0.0, False, "exact", None),
+        (False, 0.5, False, "exact", None),
+        (False, 0.5, True, "exact", None),
+        (True, 0.0, False, "batch", None),
+        (True, 0.0, False, "batch", SNAPSHOT_COUNTS),
+        (True, 0.0, False, "batch", ROLE_COUNTS),
+        (False, 0.0, False, "exact", ROLE_COUNTS),
     ],
     ids=[
         "uci-times",
@@ -158,10 +164,12 @@ def test_evaluator_equals_event_by_event_advance_and_score(trained, uci_slice) -
         "extra-historical-negatives",
         "coarse-times-batch",
         "coarse-times-batch-snapshot-counts",
+        "coarse-times-batch-role-counts",
+        "uci-times-role-counts",
     ],
 )
 def test_trainer_scores_equal_streaming_scores(
-    trained, uci_slice, coarse, historical, extra, visibility, snapshot
+    trained, uci_slice, coarse, historical, extra, visibility, fresh
 ) -> None:
     """The trainer's windowed re-scan gives the logits the service computes.
 
@@ -173,12 +181,14 @@ def test_trainer_scores_equal_streaming_scores(
     "coarse-times-batch": batch visibility (what the trainer picks on snapshot streams),
     where a query sees the events of earlier batches at its own timestamp, in its
     neighbour lists too, against the evaluator's batch groups of the same size.
-    "-snapshot-counts": the same with the snapshot pair features (a fresh model).
+    "-snapshot-counts": the same with the snapshot pair features (a fresh model);
+    "-role-counts": and the role-count records (the trainer's prefix records against the
+    evaluator's per-batch advance; in units of one coarse step), also on UCI's own times.
     """
     model = load_checkpoint(trained[0]).model
-    if snapshot:
+    if fresh:
         torch.manual_seed(0)
-        model = DygMambaLinkModel(model.config.with_updates(snapshot_pair_features=True))
+        model = DygMambaLinkModel(model.config.with_updates(**fresh))
     data, split = uci_slice
     if coarse:
         stream = data.stream.slice(np.arange(len(data)))

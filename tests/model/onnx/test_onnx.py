@@ -34,6 +34,7 @@ from model.onnx.export import (
 from model.onnx.manifest import MANIFEST_FILE, STEP_INPUTS, OnnxManifestError, read_manifest
 from model.onnx.runtime import OnnxLinkModel
 from model.pair_features import PAD_KEY
+from model.role_counts import advance_records, empty_records
 from model.streaming import NeighbourLists, advance, score
 from training.data import read_edge_stream
 
@@ -54,7 +55,9 @@ def small_checkpoint(tmp_path_factory) -> Path:
             d_state=8,
             identity_match_dim=8,
             identity_match_depth=2,
-            snapshot_pair_features=True,  # a wider pair input than the default graph's
+            snapshot_pair_features=True,  # a wider pair input than the default graph's,
+            role_counts=True,  # wider still, from the records kept beside the lists
+            role_count_unit=86400.0,
         )
     )
     path = tmp_path_factory.mktemp("small") / "ck"
@@ -112,6 +115,12 @@ def _stream(model, uci) -> tuple[list[torch.Tensor], list[NodeStates], NodeState
     states = NodeStates.initial(n_nodes, cfg)
     nbr_k = np.full((n_nodes, length), PAD_KEY, dtype=np.int64)
     nbr_t = np.full((n_nodes, length), np.inf, dtype=np.float64)
+    counts = empty_records(n_nodes) if cfg.role_counts else None
+
+    def lists(rows: np.ndarray) -> NeighbourLists:
+        held = None if counts is None else torch.from_numpy(counts[rows])
+        return NeighbourLists(torch.from_numpy(nbr_k[rows]), torch.from_numpy(nbr_t[rows]), held)
+
     rng = np.random.default_rng(1)
     logits_all, touched_all = [], []
     for start in range(0, len(t), BATCH):
@@ -127,8 +136,8 @@ def _stream(model, uci) -> tuple[list[torch.Tensor], list[NodeStates], NodeState
                 torch.from_numpy(keys[qs]),
                 torch.from_numpy(keys[qd]),
                 torch.from_numpy(qt),
-                NeighbourLists(torch.from_numpy(nbr_k[qs]), torch.from_numpy(nbr_t[qs])),
-                NeighbourLists(torch.from_numpy(nbr_k[qd]), torch.from_numpy(nbr_t[qd])),
+                lists(qs),
+                lists(qd),
             )
         )
         per: dict[int, list[NodeEvent]] = {}
@@ -146,6 +155,10 @@ def _stream(model, uci) -> tuple[list[torch.Tensor], list[NodeStates], NodeState
             new.n_events,
         )
         touched_all.append(new)
+        if counts is not None:
+            counts[nodes.numpy()] = advance_records(
+                counts[nodes.numpy()], [per[int(k)] for k in nodes]
+            )
         for node, evs in per.items():
             k = min(len(evs), length)
             nbr_k[node, : length - k], nbr_t[node, : length - k] = nbr_k[node, k:], nbr_t[node, k:]
