@@ -74,7 +74,7 @@ def test_batch_visibility_replay_over_http_equals_offline_evaluator(
     """The same invariant on a snapshot stream with the trainer's own choice there:
     a checkpoint trained with batch visibility, evaluated (by default) with it, and the
     service replayed in the same groups of 200 events, so queries see the earlier
-    groups of their own timestamp (states and neighbour lists alike)."""
+    groups of their own timestamp (states, neighbour lists and role counts alike)."""
     from training.train import train
 
     # Every 12th US Legis. event: twelve congresses of about 420 events each.
@@ -85,6 +85,10 @@ def test_batch_visibility_replay_over_http_equals_offline_evaluator(
         f.write("\n".join([header, *rows[::12]]) + "\n")
     ckpt = tmp_path / "ckpt"
     train(data, ckpt, {"d_model": 8, "d_state": 4}, epochs=1, progress=False, test_eval=False)
+    # The trainer's snapshot rules are on, the role-count records among them (kept
+    # beside each list in Redis and read back for every query).
+    model_config = json.loads((ckpt / "config.json").read_text())["model"]
+    assert model_config["snapshot_pair_features"] and model_config["role_counts"]
     scores_file = tmp_path / "offline.csv"
     args = ["--checkpoint", str(ckpt), "--data", str(data), "--splits", "test"]
     args += ["--strategies", "random", "--settings", "transductive", "--mrr-k", "0"]

@@ -170,3 +170,21 @@ def test_sparse_snapshots_keep_the_default_lists(data_dir) -> None:
     assert p.snapshot_share >= SNAPSHOT_SHARE_MIN and p.snapshot_node_events <= 32
     chosen = choose_settings(p, {}, None)
     assert chosen.visibility == "batch" and "neighbour_list_len" not in chosen.config
+
+
+def test_snapshot_streams_get_role_counts_in_snapshot_units(data_dir) -> None:
+    # Can. Parl.: one snapshot a year (timestamps in seconds).
+    p = _profile(data_dir, "canparl")
+    assert p.snapshot_spacing == pytest.approx(365 * 86400, rel=0.01)
+    chosen = choose_settings(p, {}, None)
+    assert chosen.config["role_counts"] is True
+    assert chosen.config["role_count_unit"] == p.snapshot_spacing
+    assert any("role counts" in r for r in chosen.reasons)
+    # An explicit unit is kept; an explicit "off", exact visibility and streams without
+    # snapshots get none.
+    assert choose_settings(p, {"role_count_unit": 7.0}, None).config.get("role_count_unit") is None
+    assert "role_counts" not in choose_settings(p, {"role_counts": False}, None).config
+    assert "role_counts" not in choose_settings(p, {}, None, "exact").config
+    uci = _profile(data_dir, "uci")
+    assert uci.snapshot_spacing == 0.0
+    assert "role_counts" not in choose_settings(uci, {}, None).config
