@@ -7,7 +7,7 @@ version, the watermark t_last/last_seq, n_events), then::
     64     ...   h: n_layers x d_inner x d_state float32, then conv: n_layers x d_inner x (d_conv-1)
     ...    8 L   recent-neighbour keys (i64, oldest first, right-aligned, -1 = empty)
     ...    8 L   their event times (f64, +inf = empty)
-    ...    80    with ``role_counts``: the role-count record (10 f64, model/role_counts.py)
+    ...    120   with ``role_counts``: the role-count record (15 f64, model/role_counts.py)
 
 L is the config's ``neighbour_list_len`` (also in header bytes 18..19). The neighbour
 list is kept next to the state (DESIGN "The state of one node"), written by the same
@@ -118,12 +118,12 @@ class NodeStates:
 class NeighbourLists:
     """Recent neighbours of N nodes: keys (N, L) int64 (PAD_KEY = empty), times float64
     (+inf = empty); oldest first, right-aligned (the newest entry is the last column).
-    ``counts``: the nodes' role-count records (N, RECORD_WIDTH) float64 where the model
+    ``records``: the nodes' role-count records (N, RECORD_WIDTH) float64 where the model
     keeps them (``ModelConfig.role_counts``), else None."""
 
     keys: torch.Tensor
     times: torch.Tensor
-    counts: torch.Tensor | None = None
+    records: torch.Tensor | None = None
 
     @classmethod
     def empty(cls, n: int, length: int, role_counts: bool = False) -> NeighbourLists:
@@ -136,9 +136,9 @@ class NeighbourLists:
     def assign(self, rows: torch.Tensor, other: NeighbourLists) -> None:
         """Overwrite rows ``rows`` with ``other``'s rows, in place."""
         self.keys[rows], self.times[rows] = other.keys, other.times
-        if self.counts is not None:
-            assert other.counts is not None, "role-count records missing"
-            self.counts[rows] = other.counts
+        if self.records is not None:
+            assert other.records is not None, "role-count records missing"
+            self.records[rows] = other.records
 
     @classmethod
     def from_lists(
@@ -156,22 +156,22 @@ class NeighbourLists:
 
     def select(self, index: torch.Tensor | list[int]) -> NeighbourLists:
         idx = torch.as_tensor(index, dtype=torch.long)
-        counts = None if self.counts is None else self.counts[idx.to(self.counts.device)]
-        return NeighbourLists(self.keys[idx], self.times[idx], counts)
+        records = None if self.records is None else self.records[idx.to(self.records.device)]
+        return NeighbourLists(self.keys[idx], self.times[idx], records)
 
     def to(self, device: torch.device | str) -> NeighbourLists:
         if self.keys.device == torch.device(device):
             return self
-        counts = None if self.counts is None else self.counts.to(device)
-        return NeighbourLists(self.keys.to(device), self.times.to(device), counts)
+        records = None if self.records is None else self.records.to(device)
+        return NeighbourLists(self.keys.to(device), self.times.to(device), records)
 
     def extended(self, per_node: Sequence[Sequence[Any]]) -> NeighbourLists:
         """The lists after appending each node's new entries (objects with ``other_key``,
         ``t`` and ``role``, oldest first): the last L of old + new, vectorised over
         nodes; the role-count records, where kept, advanced over the same entries."""
         records = None
-        if self.counts is not None:
-            records = torch.from_numpy(advance_records(self.counts.numpy(), per_node))
+        if self.records is not None:
+            records = torch.from_numpy(advance_records(self.records.numpy(), per_node))
         n, length = self.keys.shape
         counts = np.fromiter((len(e) for e in per_node), dtype=np.int64, count=n)
         total = int(counts.sum())
@@ -258,7 +258,7 @@ class StateCodec:
             raise ValueError(
                 f"neighbour lists of shape {tuple(lists.keys.shape)}, expected {(n, self.list_len)}"
             )
-        if (lists.counts is not None) != self.role_counts:
+        if (lists.records is not None) != self.role_counts:
             raise ValueError("role-count records are kept exactly when the model has role_counts")
         parts = [
             states.h.detach().to(torch.float32).contiguous().numpy().reshape(n, -1),
@@ -266,8 +266,8 @@ class StateCodec:
             lists.keys.to(torch.int64).contiguous().numpy(),
             lists.times.to(torch.float64).contiguous().numpy(),
         ]
-        if lists.counts is not None:
-            parts.append(lists.counts.to(torch.float64).contiguous().numpy())
+        if lists.records is not None:
+            parts.append(lists.records.to(torch.float64).contiguous().numpy())
         body = np.concatenate([p.view(np.uint8).reshape(n, -1) for p in parts], axis=1)
         t = states.t_last.tolist()
         s = states.last_seq.tolist()
@@ -359,7 +359,7 @@ class StateCodec:
         times_at, counts_at = start + 8 * self.list_len, start + 16 * self.list_len
         keys = raw[:, start:times_at].copy().view(np.int64)
         times = raw[:, times_at:counts_at].copy().view(np.float64)
-        counts = None
+        records = None
         if self.role_counts:
-            counts = torch.from_numpy(raw[:, counts_at:].copy().view(np.float64))
-        return states, NeighbourLists(torch.from_numpy(keys), torch.from_numpy(times), counts)
+            records = torch.from_numpy(raw[:, counts_at:].copy().view(np.float64))
+        return states, NeighbourLists(torch.from_numpy(keys), torch.from_numpy(times), records)

@@ -221,11 +221,11 @@ def pair_inputs(
             config.snapshot_pair_features,
         )
         if config.role_counts:
-            if lists_u.counts is None or lists_v.counts is None:
+            if lists_u.records is None or lists_v.records is None:
                 raise ValueError("this model reads role counts: the lists must carry them")
             unit = config.role_count_unit
-            counts = role_count_features(lists_u.counts, tau, unit)
-            counts += role_count_features(lists_v.counts, tau, unit)
+            counts = role_count_features(lists_u.records, tau, unit)
+            counts += role_count_features(lists_v.records, tau, unit)
             pair = torch.cat([pair, torch.stack(counts, dim=1)], dim=1)
     if config.identity_match_dim:
         ids = pair_identity_keys(

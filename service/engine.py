@@ -580,7 +580,7 @@ class Engine:
                 iu,
                 iv,
                 tau,
-                None if lists.counts is None else lists.counts.numpy(),
+                None if lists.records is None else lists.records.numpy(),
             ).tolist()
         else:
             dev = rt.device

@@ -128,7 +128,7 @@ class NodeEventIndex:
         with ``role_counts``, also each node's role-count record after them."""
         nodes = np.asarray(nodes, dtype=np.int64)
         m = np.asarray(m, dtype=np.int64)
-        counts = self.role_counts(nodes, m) if role_counts else None
+        records = self.role_count_records(nodes, m) if role_counts else None
         j = np.arange(length)
         idx = self.offsets[nodes][:, None] + m[:, None] - length + j[None, :]
         valid = j[None, :] >= (length - m)[:, None]
@@ -143,10 +143,10 @@ class NodeEventIndex:
         return NeighbourLists(
             torch.from_numpy(keys.astype(np.int64)),
             torch.from_numpy(times.astype(np.float64)),
-            counts,
+            records,
         )
 
-    def role_counts(self, nodes: np.ndarray, m: np.ndarray) -> torch.Tensor:
+    def role_count_records(self, nodes: np.ndarray, m: np.ndarray) -> torch.Tensor:
         """(len(nodes), RECORD_WIDTH) role-count records after each node's first ``m``
         events (the recurrence at every prefix, computed on first use)."""
         if self._records is None:

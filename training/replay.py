@@ -60,7 +60,7 @@ class StreamReplay:
         self.states = NodeStates.initial(n, model.config)
         self.nbr_keys = np.full((n, self.length), PAD_KEY, dtype=np.int64)
         self.nbr_t = np.full((n, self.length), np.inf, dtype=np.float64)
-        self.counts = empty_records(n) if model.config.role_counts else None
+        self.records = empty_records(n) if model.config.role_counts else None
         self.applied = 0
 
     def per_node_events(self, events: np.ndarray) -> tuple[np.ndarray, list[list[NodeEvent]]]:
@@ -119,15 +119,15 @@ class StreamReplay:
             self.nbr_t[node, : self.length - k] = self.nbr_t[node, k:]
             self.nbr_keys[node, self.length - k :] = [e.other_key for e in tail]
             self.nbr_t[node, self.length - k :] = [e.t for e in tail]
-        if self.counts is not None:
-            self.counts[nodes] = advance_records(self.counts[nodes], lists)
+        if self.records is not None:
+            self.records[nodes] = advance_records(self.records[nodes], lists)
         self.applied += len(events)
 
     def neighbour_lists(self, nodes: np.ndarray) -> NeighbourLists:
         return NeighbourLists(
             torch.from_numpy(self.nbr_keys[nodes]),
             torch.from_numpy(self.nbr_t[nodes]),
-            None if self.counts is None else torch.from_numpy(self.counts[nodes]),
+            None if self.records is None else torch.from_numpy(self.records[nodes]),
         )
 
     def score(self, qs: np.ndarray, qd: np.ndarray, qt: np.ndarray) -> np.ndarray:

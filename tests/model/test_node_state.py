@@ -143,11 +143,11 @@ def test_role_count_records_round_trip_and_size_the_blob():
         + 8 * RECORD_WIDTH
     )
     lists = NeighbourLists.empty(3, 4, role_counts=True)
-    lists.counts[1] = torch.arange(RECORD_WIDTH, dtype=torch.float64) + 0.25
+    lists.records[1] = torch.arange(RECORD_WIDTH, dtype=torch.float64) + 0.25
     blobs = codec.encode_many(some_states(3), lists)
     back = codec.decode_with_neighbours(blobs)[1]
-    assert back.counts is not None and torch.equal(back.counts, lists.counts)
-    assert torch.isinf(back.counts[0, TIMES]).all()  # an empty record stays empty
+    assert back.records is not None and torch.equal(back.records, lists.records)
+    assert torch.isinf(back.records[0, TIMES]).all()  # an empty record stays empty
     plain = StateCodec(cfg.with_updates(role_counts=False), "00ff00ff00ff00ff")
     with pytest.raises(StateFormatError, match="bytes"):
         plain.decode_with_neighbours(blobs)

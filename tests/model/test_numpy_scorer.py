@@ -54,7 +54,7 @@ def _nodes(
             per_node.append(
                 [SimpleNamespace(t=float(a), role=int(r)) for a, r in zip(t, roles, strict=True)]
             )
-        lists.counts = torch.from_numpy(advance_records(empty_records(N_NODES), per_node))
+        lists.records = torch.from_numpy(advance_records(empty_records(N_NODES), per_node))
     node_keys = (
         torch.arange(N_NODES, dtype=torch.int64) % 9
     )  # node keys collide with neighbour keys
@@ -85,7 +85,7 @@ def _numpy_logits(
         iu.numpy(),
         iv.numpy(),
         tau.numpy(),
-        None if lists.counts is None else lists.counts.numpy(),
+        None if lists.records is None else lists.records.numpy(),
     )
 
 
