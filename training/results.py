@@ -644,7 +644,8 @@ DIFFERENCES = """## How our setting differs from the paper's
   in evaluation. The paper's neighbour sampling is also strictly-before-t, so this matches; memory models (TGN,
   JODIE) and TPNet update once per batch of 200: on continuous-time streams they see less, on snapshot streams
   (thousands of events per timestamp) they see the earlier batches of the query's own timestamp. On snapshot
-  streams the trainer picks that "batch" visibility itself and the row is evaluated with it
+  streams the trainer picks that "batch" visibility itself, with the rules that go with it (lists that hold a
+  snapshot, snapshot pair features, per-node role counts), and the row is evaluated with it
   (`docs/results/visibility-experiments.md`).
 - **Protocol.** DyGLib's split (70/15/15 time quantiles; 10% of all nodes, drawn among the nodes active after the
   validation time with `random.seed(2020)`, are held out of training for the inductive setting -- drawn from our

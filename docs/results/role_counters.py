@@ -18,7 +18,8 @@ timestamp, Can. Parl.'s years):
 ``decayed`` has the recurrent form a node state would keep instead (one update per
 event, general for streams without snapshots): in- and out-events decayed by
 exp(-age / c) at c = 0.25, 1 and 4 snapshot spacings, and all of them (8), then the
-same two "latest in-event" features (in snapshot spacings).
+same two "latest in-event" features (in snapshot spacings; ``decayed:U`` takes U time
+units instead, for streams without snapshots).
 
 A self-loop counts once in each role, source first (as ``model.events`` applies it).
 The script patches ``model.pair_features`` and then runs the trainer or the evaluator
@@ -54,12 +55,12 @@ DECAY_SPACINGS = (0.25, 1.0, 4.0)
 class RoleCounts:
     """Per-node cumulative counts over each node's events in stream order."""
 
-    def __init__(self, edges_csv_gz: str) -> None:
+    def __init__(self, edges_csv_gz: str, unit: float | None = None, windows: bool = True) -> None:
         with gzip.open(edges_csv_gz, "rt") as f:
             rows = np.loadtxt(f, delimiter=",", skiprows=1, usecols=(0, 1, 2))
         src, dst, ts = rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64), rows[:, 2]
         self.snaps = np.unique(ts)
-        self.spacing = float(np.median(np.diff(self.snaps)))
+        self.spacing = unit or float(np.median(np.diff(self.snaps)))
         nodes = np.unique(np.r_[src, dst])
         self.row_of = {node_key(str(int(x))): i for i, x in enumerate(nodes)}
         index = {int(x): i for i, x in enumerate(nodes)}
@@ -69,7 +70,7 @@ class RoleCounts:
             events[index[int(d)]].append((t, 1))
         self.max_events = max(len(e) for e in events)
         width = self.max_events + 1
-        n_snaps = len(self.snaps)
+        n_snaps = len(self.snaps) if windows else 0
         # cum[role, node, k]: role events among the node's first k
         self.cum = np.zeros((2, len(nodes), width))
         # decayed[role, j, node, k]: the same decayed to the k-th event's time (k >= 1)
@@ -101,8 +102,9 @@ class RoleCounts:
             self.decayed[:, :, i, m + 1 :] = state[:, :, None]
             self.event_t[i, m + 1 :] = last_t
             self.last_in[i, m + 1 :] = last_in
-            snap_of = np.searchsorted(self.snaps, t)
-            self.snap_start[i] = np.searchsorted(snap_of, np.arange(n_snaps + 2) - 1)
+            if windows:
+                snap_of = np.searchsorted(self.snaps, t)
+                self.snap_start[i] = np.searchsorted(snap_of, np.arange(n_snaps + 2) - 1)
 
     def _rows(self, keys: torch.Tensor, n: torch.Tensor) -> tuple[np.ndarray, ...]:
         r = np.array([self.row_of.get(int(x), -1) for x in keys.numpy()])
@@ -172,8 +174,10 @@ def patch(counts: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Ten
 
 def main() -> int:
     form, data_dir, command, rest = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-    counts = RoleCounts(f"{data_dir}/edges.csv.gz")
-    patch(counts.windows if form == "windows" else counts.decayed_counts)
+    form, _, unit = form.partition(":")  # "decayed:86400": a unit instead of the spacing
+    windows = form == "windows"
+    counts = RoleCounts(f"{data_dir}/edges.csv.gz", float(unit) if unit else None, windows)
+    patch(counts.windows if windows else counts.decayed_counts)
     if command == "train":
         from training.train import main as run
     else:
