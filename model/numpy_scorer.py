@@ -26,7 +26,7 @@ import torch
 from .config import ModelConfig, TimeNormalisation
 from .link_model import DygMambaLinkModel, head_inputs
 from .node_state import PAD_KEY
-from .role_counts import IN_AT, IN_TOTAL, LATEST_IN, OUT_AT, OUT_TOTAL, TIMES
+from .role_counts import role_count_features
 from .ssm import _FLOOR_FACTOR, LOG_DECAY_FLOOR, MAX_GAP_UNITS
 
 
@@ -119,28 +119,6 @@ def snapshot_features(nbr_t: np.ndarray, ok: np.ndarray, tau_col: np.ndarray) ->
     prev_t = np.where(before, nbr_t, -np.inf).max(1, initial=-np.inf, keepdims=True)
     at_prev = (before & (nbr_t == prev_t)).sum(1, dtype=np.float32)
     return [np.log1p(at_tau), np.log1p(at_prev)]
-
-
-def role_count_features(records: np.ndarray, tau: np.ndarray, unit: float) -> list[np.ndarray]:
-    """``role_counts.role_count_features`` on numpy arrays."""
-    times = records[:, TIMES]
-    held = np.isfinite(times)
-    tau_col = tau[:, None]
-    ago = np.where(held, np.round((tau_col - np.where(held, times, tau_col)) / unit), -1.0)
-    ago = np.where(held, np.maximum(ago, 0.0), ago)
-    now, last, last3 = ago == 0, ago == 1, (ago >= 1) & (ago <= 3)
-    columns = []
-    for at, total in (
-        (records[:, IN_AT], records[:, IN_TOTAL]),
-        (records[:, OUT_AT], records[:, OUT_TOTAL]),
-    ):
-        this = (at * now).sum(1)
-        columns += [this, (at * last).sum(1), (at * last3).sum(1), total - this]
-    latest_in = records[:, LATEST_IN]
-    has_in = np.isfinite(latest_in)
-    since_in = np.where(has_in, np.maximum(tau - np.where(has_in, latest_in, tau), 0.0) / unit, 0.0)
-    counts = np.log1p(np.stack([*columns, since_in], axis=1)).astype(np.float32)
-    return [*counts.T, (~has_in).astype(np.float32)]
 
 
 def latest_visible_neighbours(
@@ -275,9 +253,8 @@ class NumpyScorer:
             if c.role_counts:
                 if counts is None:
                     raise ValueError("this model reads role counts: pass counts")
-                extra = role_count_features(counts[iu], tau, c.role_count_unit)
-                extra += role_count_features(counts[iv], tau, c.role_count_unit)
-                pair = np.concatenate([pair, np.stack(extra, axis=1)], axis=1)
+                ends = [role_count_features(counts[i], tau, c.role_count_unit) for i in (iu, iv)]
+                pair = np.concatenate([pair, *ends], axis=1)
         if c.identity_match_dim:
             d = c.identity_match_depth
             ids = np.concatenate(

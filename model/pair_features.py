@@ -223,10 +223,14 @@ def pair_inputs(
         if config.role_counts:
             if lists_u.records is None or lists_v.records is None:
                 raise ValueError("this model reads role counts: the lists must carry them")
-            unit = config.role_count_unit
-            counts = role_count_features(lists_u.records, tau, unit)
-            counts += role_count_features(lists_v.records, tau, unit)
-            pair = torch.cat([pair, torch.stack(counts, dim=1)], dim=1)
+            tau_np = tau.detach().cpu().numpy()
+            ends = [
+                torch.from_numpy(
+                    role_count_features(r.cpu().numpy(), tau_np, config.role_count_unit)
+                ).to(pair.device)
+                for r in (lists_u.records, lists_v.records)
+            ]
+            pair = torch.cat([pair, *ends], dim=1)
     if config.identity_match_dim:
         ids = pair_identity_keys(
             key_u,

@@ -42,7 +42,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from .roles import ROLE_DST
 
@@ -112,19 +111,17 @@ def prefix_records(offsets: np.ndarray, t: np.ndarray, role: np.ndarray) -> np.n
     return out
 
 
-def role_count_features(
-    records: torch.Tensor, tau: torch.Tensor, unit: float
-) -> list[torch.Tensor]:
-    """Per node, the ``ROLE_COUNT_FEATURES`` head inputs at query times ``tau`` (float32
-    columns; the module docstring says which)."""
-    records = records.to(torch.float64)
-    tau = tau.to(torch.float64).unsqueeze(1)
+def role_count_features(records: np.ndarray, tau: np.ndarray, unit: float) -> np.ndarray:
+    """(N, ``ROLE_COUNT_FEATURES``) float32 head inputs of N records at query times
+    ``tau`` (the module docstring says which). numpy for every caller, the torch
+    paths included: the inputs are counts, with no gradient to carry."""
     times = records[:, TIMES]
-    held = torch.isfinite(times)
+    held = np.isfinite(times)
+    tau_col = tau[:, None]
     # Snapshots between each slot and the query (a slot after tau, from a query behind
     # the node's latest event, counts as the query's snapshot).
-    ago = torch.where(held, torch.round((tau - torch.where(held, times, tau)) / unit), -1.0)
-    ago = torch.where(held, ago.clamp(min=0.0), ago)
+    ago = np.where(held, np.round((tau_col - np.where(held, times, tau_col)) / unit), -1.0)
+    ago = np.where(held, np.maximum(ago, 0.0), ago)
     now, last, last3 = ago == 0, ago == 1, (ago >= 1) & (ago <= 3)
     columns = []
     for at, total in (
@@ -134,7 +131,7 @@ def role_count_features(
         this = (at * now).sum(1)
         columns += [this, (at * last).sum(1), (at * last3).sum(1), total - this]
     latest_in = records[:, LATEST_IN]
-    has_in = torch.isfinite(latest_in)
-    since_in = torch.where(has_in, (tau[:, 0] - latest_in).clamp(min=0.0) / unit, 0.0)
-    counts = torch.log1p(torch.stack([*columns, since_in], dim=1)).to(torch.float32)
-    return [*counts.unbind(1), (~has_in).to(torch.float32)]
+    has_in = np.isfinite(latest_in)
+    since_in = np.where(has_in, np.maximum(tau - np.where(has_in, latest_in, tau), 0.0) / unit, 0.0)
+    counts = np.log1p(np.stack([*columns, since_in], axis=1))
+    return np.concatenate([counts, (~has_in)[:, None]], axis=1).astype(np.float32)

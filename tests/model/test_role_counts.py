@@ -1,19 +1,17 @@
-"""model.role_counts: the record's one step, its three writers against each other, and
-the head inputs it gives (torch and the numpy twin)."""
+"""model.role_counts: the record's one step, its writers against each other, and the
+head inputs it gives (the torch and numpy scorers read them alike:
+tests/model/test_numpy_scorer.py, "role_counts")."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import numpy as np
-import torch
 
-from model.numpy_scorer import role_count_features as numpy_role_count_features
 from model.role_counts import (
     IN_TOTAL,
     LATEST_IN,
     OUT_TOTAL,
-    RECORD_WIDTH,
     ROLE_COUNT_FEATURES,
     TIMES,
     advance_records,
@@ -67,9 +65,9 @@ def test_the_record_of_a_small_history():
 
 
 def _features(rec: np.ndarray, tau: float) -> list[float]:
-    cols = role_count_features(torch.from_numpy(rec[None]), torch.tensor([tau]), 1.0)
-    assert len(cols) == ROLE_COUNT_FEATURES
-    return [float(c[0]) for c in cols]
+    cols = role_count_features(rec[None], np.array([tau]), 1.0)
+    assert cols.shape == (1, ROLE_COUNT_FEATURES) and cols.dtype == np.float32
+    return [float(c) for c in cols[0]]
 
 
 def test_head_inputs_count_snapshots_back_from_the_query():
@@ -85,18 +83,3 @@ def test_head_inputs_count_snapshots_back_from_the_query():
     assert none[:9] == [0.0] * 9 and none[9] == 1.0  # no events, never a destination
     # a query behind the node's latest event (a clamped one) counts it as this snapshot
     assert abs(np.expm1(_features(rec, 4.6)[0]) - 1.0) < 1e-6
-
-
-def test_numpy_twin_equals_torch():
-    rng = np.random.default_rng(1)
-    records = advance_records(empty_records(40), _events(40, rng))
-    tau = rng.uniform(-1.0, 12.0, 40)
-    for unit in (1.0, 2.5):
-        want = torch.stack(
-            role_count_features(torch.from_numpy(records), torch.from_numpy(tau), unit), 1
-        )
-        got = np.stack(numpy_role_count_features(records, tau, unit), 1)
-        assert got.dtype == np.float32 and got.shape == (40, ROLE_COUNT_FEATURES)
-        np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-6)
-        assert np.ptp(got[:, 3]) > 0  # not one constant
-    assert records.shape == (40, RECORD_WIDTH)
