@@ -30,10 +30,11 @@ within three of the query's. On a stream without snapshots every event has its o
 time and the slots hold the last four events; the trainer keeps the counts to
 snapshot streams.
 
-Three writers keep the same record with one step function (``_step``): the service's
-apply and the evaluator's replay (``advance_records``) and the trainer's index
-(``prefix_records``, every prefix of every node). The counts are integers, so the
-three agree exactly (tests/model/test_role_counts.py).
+Three writers keep the same record with one step function (``_step``, a run of
+events at one time): the service's apply and the evaluator's replay
+(``advance_records``, a node's events of one time as one run) and the trainer's index
+(``prefix_records``, every prefix of every node, one event at a time). The counts are
+integers, so the three agree exactly (tests/model/test_role_counts.py).
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def empty_records(n: int) -> np.ndarray:
     return records
 
 
-def _step(records: np.ndarray, t: np.ndarray, is_in: np.ndarray) -> None:
-    """Count one event (time ``t``, a destination where ``is_in``) into each row, in place."""
+def _step(records: np.ndarray, t: np.ndarray, n_in: np.ndarray, n_out: np.ndarray) -> None:
+    """Count a run of events at one time ``t`` per row (``n_in`` of them as destination,
+    ``n_out`` as source) into each row, in place."""
     new_time = t != records[:, TIMES.start]
     for block in (TIMES, IN_AT, OUT_AT):  # a new time shifts the slots, the oldest drops
         shifted = records[new_time, block.start : block.stop - 1]
@@ -73,40 +75,56 @@ def _step(records: np.ndarray, t: np.ndarray, is_in: np.ndarray) -> None:
     records[new_time, TIMES.start] = t[new_time]
     records[new_time, IN_AT.start] = 0.0
     records[new_time, OUT_AT.start] = 0.0
-    records[is_in, IN_AT.start] += 1.0
-    records[~is_in, OUT_AT.start] += 1.0
-    records[is_in, IN_TOTAL] += 1.0
-    records[~is_in, OUT_TOTAL] += 1.0
-    records[is_in, LATEST_IN] = t[is_in]
+    records[:, IN_AT.start] += n_in
+    records[:, OUT_AT.start] += n_out
+    records[:, IN_TOTAL] += n_in
+    records[:, OUT_TOTAL] += n_out
+    has_in = n_in > 0
+    records[has_in, LATEST_IN] = t[has_in]
 
 
 def advance_records(records: np.ndarray, per_node: Sequence[Sequence[Any]]) -> np.ndarray:
     """The records after each node's new events (objects with ``t`` and ``role``, in
-    (t, seq) order), vectorised over nodes by rank. A copy; rows without events keep
-    their record."""
+    (t, seq) order). A copy; rows without events keep their record. A node's events at
+    one time are counted as one run (on a snapshot stream a batch is one or two runs
+    per node, however many events a hub has), vectorised over nodes by run rank."""
     out = np.array(records, dtype=np.float64, copy=True)
     sizes = np.fromiter((len(e) for e in per_node), dtype=np.int64, count=len(per_node))
-    for k in range(int(sizes.max()) if len(sizes) else 0):
-        rows = np.nonzero(sizes > k)[0]
-        events = [per_node[r][k] for r in rows.tolist()]
-        t = np.fromiter((e.t for e in events), dtype=np.float64, count=len(rows))
-        is_in = np.fromiter((e.role == ROLE_DST for e in events), dtype=bool, count=len(rows))
-        block = out[rows]
-        _step(block, t, is_in)
-        out[rows] = block
+    total = int(sizes.sum())
+    if total == 0:
+        return out
+    flat = [e for events in per_node for e in events]
+    rows = np.repeat(np.arange(len(per_node)), sizes)
+    t = np.fromiter((e.t for e in flat), dtype=np.float64, count=total)
+    is_in = np.fromiter((e.role == ROLE_DST for e in flat), dtype=np.float64, count=total)
+    starts = np.r_[True, (rows[1:] != rows[:-1]) | (t[1:] != t[:-1])]
+    run = np.cumsum(starts) - 1
+    run_row, run_t = rows[starts], t[starts]
+    run_in = np.bincount(run, weights=is_in)
+    run_out = np.bincount(run, weights=1.0 - is_in)
+    first_run = np.r_[True, run_row[1:] != run_row[:-1]]
+    rank = np.arange(len(run_row)) - np.maximum.accumulate(
+        np.where(first_run, np.arange(len(run_row)), 0)
+    )
+    for k in range(int(rank.max()) + 1):
+        at = np.nonzero(rank == k)[0]
+        block = out[run_row[at]]
+        _step(block, run_t[at], run_in[at], run_out[at])
+        out[run_row[at]] = block
     return out
 
 
 def prefix_records(offsets: np.ndarray, t: np.ndarray, role: np.ndarray) -> np.ndarray:
     """(M, RECORD_WIDTH): row offsets[n] + k - 1 is node n's record after its first k
     entries, for per-node entry lists in CSR form (times ``t`` and roles ``role`` in
-    (t, seq) order per node), vectorised over nodes by rank."""
+    (t, seq) order per node), one event at a time, vectorised over nodes by rank."""
     out = np.empty((len(t), RECORD_WIDTH), dtype=np.float64)
     sizes = np.diff(offsets)
     for k in range(int(sizes.max()) if len(sizes) else 0):
         at = offsets[np.nonzero(sizes > k)[0]] + k
         block = empty_records(len(at)) if k == 0 else out[at - 1].copy()
-        _step(block, t[at], role[at] == ROLE_DST)
+        is_in = (role[at] == ROLE_DST).astype(np.float64)
+        _step(block, t[at], is_in, 1.0 - is_in)
         out[at] = block
     return out
 
