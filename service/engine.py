@@ -43,6 +43,7 @@ from model.node_state import NeighbourLists, NodeStates, StateCodec
 from model.numpy_scorer import NumpyScorer
 from model.protocol import ServedModel
 from model.rank_plan import RankPlan
+from model.role_counts import IN_TOTAL, LATEST_IN, OUT_TOTAL
 from model.streaming import score_nodes
 from state_store.applier import (
     Advance,
@@ -620,8 +621,17 @@ class Engine:
                 blobs: list[bytes | None] = [blob]
                 self._rebuild(rt, [node], blobs, [(0, newer)])
                 blob = blobs[0]
-        st, _ = rt.decode([blob])
+        st, lists = rt.decode([blob])
         t_last = float(st.t_last[0])
+        roles: dict[str, Any] = {}
+        if lists.records is not None and blob is not None:
+            record = lists.records[0].tolist()
+            latest_in = record[LATEST_IN]
+            roles = {
+                "in_events": int(record[IN_TOTAL]),
+                "out_events": int(record[OUT_TOTAL]),
+                "last_in_t": latest_in if math.isfinite(latest_in) else None,
+            }
         return NodeSummary(
             node=node,
             model_version=rt.version,
@@ -632,4 +642,5 @@ class Engine:
             if blob is not None
             else (history[-1].seq if history else None),
             history_length=len(history),
+            **roles,
         )

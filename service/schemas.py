@@ -231,6 +231,15 @@ class NodeSummary(BaseModel):
     events_applied: int
     last_seq: int | None
     history_length: int
+    in_events: int | None = Field(
+        None,
+        description="its applied events as destination, from the role-count record the"
+        " model keeps beside its state (null: the model keeps none, or not cached)",
+    )
+    out_events: int | None = Field(None, description="the same as source")
+    last_in_t: float | None = Field(
+        None, description="time of its latest applied event as destination (null: none)"
+    )
 
 
 class ReloadRequest(_Strict):

@@ -228,3 +228,36 @@ def test_applied_counter_follows_the_ingested_one_with_wait(client):
     assert body["accepted"] == 2 and len(body["rejected"]) == 1  # the late one is neither
     assert _counter(client, "dygserve_events_ingested_total") == ingested + 2
     assert _counter(client, "dygserve_events_applied_total") == applied + 2
+
+
+def test_node_summary_shows_role_counts_where_the_model_keeps_them(tmp_path):
+    """A model with role counts (the trainer's rule on snapshot streams) reports each
+    node's events as destination and as source; one without reports null."""
+    from model.checkpoint import save_checkpoint
+    from model.config import ModelConfig
+    from model.link_model import DygMambaLinkModel
+    from tests.support.service_process import start_service
+
+    torch.manual_seed(0)
+    config = ModelConfig(d_model=8, d_state=4, snapshot_pair_features=True, role_counts=True)
+    save_checkpoint(tmp_path / "ck", DygMambaLinkModel(config))
+    svc = start_service(tmp_path, {"DYGSERVE_CHECKPOINT": str(tmp_path / "ck")})
+    try:
+        with svc.client() as c:
+            rows = [("a", "b", 1.0), ("c", "b", 1.0), ("b", "a", 2.0), ("a", "a", 3.0)]
+            body = {"events": [{"src": s, "dst": d, "t": t} for s, d, t in rows]}
+            assert c.post("/v1/events", json=body).status_code == 200
+            b, a = c.get("/v1/nodes/b").json(), c.get("/v1/nodes/a").json()
+            assert (b["in_events"], b["out_events"], b["last_in_t"]) == (2, 1, 1.0)
+            # a self-loop counts once in each role
+            assert (a["in_events"], a["out_events"], a["last_in_t"]) == (2, 2, 3.0)
+            assert a["events_applied"] == 4
+            assert c.get("/v1/nodes/zz").json()["in_events"] is None  # never seen
+    finally:
+        svc.stop()
+
+
+def test_node_summary_has_no_role_counts_without_the_record(client):
+    client.post("/v1/events", json=events(("rc1", "rc2", 5.0)))
+    node = client.get("/v1/nodes/rc2").json()
+    assert node["cached"] and node["in_events"] is None and node["out_events"] is None
