@@ -43,7 +43,8 @@ from state_store.blob_header import (
 )
 
 from .config import ModelConfig
-from .role_counts import RECORD_WIDTH, advance_records, empty_records
+from .role_counts import RECORD_WIDTH, advance_flat, empty_records
+from .roles import ROLE_DST
 
 STATE_FORMAT_VERSION = 2
 
@@ -156,7 +157,7 @@ class NeighbourLists:
 
     def select(self, index: torch.Tensor | list[int]) -> NeighbourLists:
         idx = torch.as_tensor(index, dtype=torch.long)
-        records = None if self.records is None else self.records[idx.to(self.records.device)]
+        records = None if self.records is None else self.records[idx]
         return NeighbourLists(self.keys[idx], self.times[idx], records)
 
     def to(self, device: torch.device | str) -> NeighbourLists:
@@ -169,12 +170,16 @@ class NeighbourLists:
         """The lists after appending each node's new entries (objects with ``other_key``,
         ``t`` and ``role``, oldest first): the last L of old + new, vectorised over
         nodes; the role-count records, where kept, advanced over the same entries."""
-        records = None
-        if self.records is not None:
-            records = torch.from_numpy(advance_records(self.records.numpy(), per_node))
         n, length = self.keys.shape
         counts = np.fromiter((len(e) for e in per_node), dtype=np.int64, count=n)
         total = int(counts.sum())
+        flat = [e for events in per_node for e in events]
+        rows = np.repeat(np.arange(n), counts)
+        t = np.fromiter((e.t for e in flat), dtype=np.float64, count=total)
+        records = None
+        if self.records is not None:
+            is_in = np.fromiter((e.role == ROLE_DST for e in flat), dtype=bool, count=total)
+            records = torch.from_numpy(advance_flat(self.records.numpy(), rows, t, is_in))
         if total == 0:
             return NeighbourLists(self.keys.clone(), self.times.clone(), records)
         width = length + int(counts.max())
@@ -182,11 +187,9 @@ class NeighbourLists:
         times = np.full((n, width), np.inf, dtype=np.float64)
         keys[:, :length] = self.keys.numpy()
         times[:, :length] = self.times.numpy()
-        flat = [e for events in per_node for e in events]
-        rows = np.repeat(np.arange(n), counts)
         cols = length + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
         keys[rows, cols] = [e.other_key for e in flat]
-        times[rows, cols] = [e.t for e in flat]
+        times[rows, cols] = t
         take = (
             counts[:, None] + np.arange(length)[None, :]
         )  # the last L of row i: n_i .. n_i + L - 1
@@ -213,8 +216,8 @@ class StateCodec:
         self.list_len = config.neighbour_list_len
         self.role_counts = config.role_counts
         self._arrays_size = 4 * (self._h_size + self._conv_size)
-        self._counts_size = 8 * RECORD_WIDTH if self.role_counts else 0
-        self.blob_size = HEADER_SIZE + self._arrays_size + 16 * self.list_len + self._counts_size
+        self._records_size = 8 * RECORD_WIDTH if self.role_counts else 0
+        self.blob_size = HEADER_SIZE + self._arrays_size + 16 * self.list_len + self._records_size
         self._shape_fields = (
             MAGIC,
             STATE_FORMAT_VERSION,
@@ -356,10 +359,10 @@ class StateCodec:
             last_seq=field(WATERMARK_SEQ_OFFSET, WATERMARK_SEQ_OFFSET + 8, np.int64).reshape(n),
             n_events=field(N_EVENTS_OFFSET, N_EVENTS_OFFSET + 8, np.int64).reshape(n),
         )
-        times_at, counts_at = start + 8 * self.list_len, start + 16 * self.list_len
+        times_at, records_at = start + 8 * self.list_len, start + 16 * self.list_len
         keys = raw[:, start:times_at].copy().view(np.int64)
-        times = raw[:, times_at:counts_at].copy().view(np.float64)
+        times = raw[:, times_at:records_at].copy().view(np.float64)
         records = None
         if self.role_counts:
-            records = torch.from_numpy(raw[:, counts_at:].copy().view(np.float64))
+            records = torch.from_numpy(raw[:, records_at:].copy().view(np.float64))
         return states, NeighbourLists(torch.from_numpy(keys), torch.from_numpy(times), records)

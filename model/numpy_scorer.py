@@ -229,7 +229,7 @@ class NumpyScorer:
         iu: np.ndarray,  # (P,) rows of the sources
         iv: np.ndarray,  # (P,) rows of the destinations
         tau: np.ndarray,  # (P,) float64 query times
-        counts: np.ndarray | None = None,  # (N, RECORD_WIDTH) float64 with role_counts
+        records: np.ndarray | None = None,  # (N, RECORD_WIDTH) float64 with role_counts
     ) -> np.ndarray:
         """``streaming.score_nodes`` on numpy arrays: (P,) float32 logits."""
         c = self.config
@@ -251,9 +251,9 @@ class NumpyScorer:
                 c.snapshot_pair_features,
             )
             if c.role_counts:
-                if counts is None:
-                    raise ValueError("this model reads role counts: pass counts")
-                ends = [role_count_features(counts[i], tau, c.role_count_unit) for i in (iu, iv)]
+                if records is None:
+                    raise ValueError("this model reads role counts: pass their records")
+                ends = [role_count_features(records[i], tau, c.role_count_unit) for i in (iu, iv)]
                 pair = np.concatenate([pair, *ends], axis=1)
         if c.identity_match_dim:
             d = c.identity_match_depth

@@ -7,7 +7,7 @@ in-events a year, so the list cannot say how many, nor how long ago the node was
 a destination. Causal statistics of exactly that (per-node in- and out-degree per year)
 beat our model by 3-4 AP there (docs/results/visibility-experiments.md), and a prototype
 that gave the head such counts lifted its test AP by 3 / 3.4 / 12 points (random /
-historical / inductive negatives; docs/results/role_counts.py).
+historical / inductive negatives; docs/results/role_counters.py).
 
 The record is a recurrence, one update per event, that reads nothing but the node's
 own events (DESIGN's invariants hold: no other node's state is read). It keeps the
@@ -31,8 +31,9 @@ time and the slots hold the last four events; the trainer keeps the counts to
 snapshot streams.
 
 Three writers keep the same record with one step function (``_step``, a run of
-events at one time): the service's apply and the evaluator's replay
-(``advance_records``, a node's events of one time as one run) and the trainer's index
+events at one time): the service's apply (``advance_flat``, from the flat events that
+``NeighbourLists.extended`` already holds) and the evaluator's replay
+(``advance_records``), a node's events of one time as one run, and the trainer's index
 (``prefix_records``, every prefix of every node, one event at a time). The counts are
 integers, so the three agree exactly (tests/model/test_role_counts.py).
 """
@@ -85,23 +86,31 @@ def _step(records: np.ndarray, t: np.ndarray, n_in: np.ndarray, n_out: np.ndarra
 
 def advance_records(records: np.ndarray, per_node: Sequence[Sequence[Any]]) -> np.ndarray:
     """The records after each node's new events (objects with ``t`` and ``role``, in
-    (t, seq) order). A copy; rows without events keep their record. A node's events at
-    one time are counted as one run (on a snapshot stream a batch is one or two runs
-    per node, however many events a hub has), vectorised over nodes by run rank."""
-    out = np.array(records, dtype=np.float64, copy=True)
+    (t, seq) order): ``advance_flat`` of them. A copy; rows without events keep theirs."""
     sizes = np.fromiter((len(e) for e in per_node), dtype=np.int64, count=len(per_node))
-    total = int(sizes.sum())
-    if total == 0:
-        return out
     flat = [e for events in per_node for e in events]
-    rows = np.repeat(np.arange(len(per_node)), sizes)
-    t = np.fromiter((e.t for e in flat), dtype=np.float64, count=total)
-    is_in = np.fromiter((e.role == ROLE_DST for e in flat), dtype=np.float64, count=total)
+    t = np.fromiter((e.t for e in flat), dtype=np.float64, count=len(flat))
+    is_in = np.fromiter((e.role == ROLE_DST for e in flat), dtype=bool, count=len(flat))
+    return advance_flat(records, np.repeat(np.arange(len(per_node)), sizes), t, is_in)
+
+
+def advance_flat(
+    records: np.ndarray, rows: np.ndarray, t: np.ndarray, is_in: np.ndarray
+) -> np.ndarray:
+    """The records after new events given flat: each event's row (grouped, rows in any
+    order), time and whether it is an in-event, in (t, seq) order within a row. A copy.
+    A node's events at one time are counted as one run (on a snapshot stream a batch is
+    one or two runs per node, however many events a hub has), vectorised over nodes by
+    run rank."""
+    out = np.array(records, dtype=np.float64, copy=True)
+    if len(rows) == 0:
+        return out
+    weight_in = is_in.astype(np.float64)
     starts = np.r_[True, (rows[1:] != rows[:-1]) | (t[1:] != t[:-1])]
     run = np.cumsum(starts) - 1
     run_row, run_t = rows[starts], t[starts]
-    run_in = np.bincount(run, weights=is_in)
-    run_out = np.bincount(run, weights=1.0 - is_in)
+    run_in = np.bincount(run, weights=weight_in)
+    run_out = np.bincount(run, weights=1.0 - weight_in)
     first_run = np.r_[True, run_row[1:] != run_row[:-1]]
     rank = np.arange(len(run_row)) - np.maximum.accumulate(
         np.where(first_run, np.arange(len(run_row)), 0)
