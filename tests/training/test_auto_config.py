@@ -66,11 +66,14 @@ def test_explicit_settings_win(data_dir) -> None:
     assert "identity_match_dim" not in choose_settings(p, {"node_hash_buckets": 16}, None).config
 
 
-def test_no_repeats_means_random_negatives_only() -> None:
+def test_historical_negatives_also_where_no_pair_recurs() -> None:
+    # Nothing in random negatives says what a past pair means when none recurs.
     src, dst = np.arange(100), np.arange(100, 200)
     p = StreamProfile.of(src, dst, np.arange(100.0))
     assert p.repeat_share == 0.0
-    assert choose_settings(p, {}, None).historical_negatives == 0.0
+    chosen = choose_settings(p, {}, None)
+    assert chosen.historical_negatives == HISTORICAL_SHARE
+    assert any("0% of training events repeat a pair" in r for r in chosen.reasons)
 
 
 def test_snapshot_streams_train_with_batch_visibility(data_dir) -> None:
