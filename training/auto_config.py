@@ -80,7 +80,8 @@ import numpy as np
 from model.config import ModelConfig
 
 ITEM_SIDE_MAX = 1024  # destinations of a "small item side"; also <= the default hash buckets
-HISTORICAL_SHARE = 0.1  # share of historical training negatives (docs/results/negatives-experiments.md)
+# Share of historical training negatives (docs/results/negatives-experiments.md).
+HISTORICAL_SHARE = 0.1
 SNAPSHOT_GROUP_MIN = 200  # a timestamp group at least one training batch long is a snapshot
 SNAPSHOT_SHARE_MIN = 0.5  # share of training events in snapshots for batch visibility
 DENSE_SNAPSHOT_NODE_EVENTS = 32  # a node's events in one snapshot (median) above which...
