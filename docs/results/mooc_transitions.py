@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 
 import numpy as np
 
@@ -48,9 +47,8 @@ def main() -> None:
         "--every", type=int, default=3, help="score every k-th event of validation and test"
     )
     args = ap.parse_args()
-    with gzip.open(args.data, "rt") as f:
-        rows = np.loadtxt(f, delimiter=",", skiprows=1, usecols=(0, 1, 2))
-    src, dst, ts = rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64), rows[:, 2]
+    stream = read_edge_stream(args.data)
+    src, dst, ts = stream.src.astype(np.int64), stream.dst.astype(np.int64), stream.t
     q70, q85 = np.quantile(ts, [0.70, 0.85])  # DyGLib's chronological split
     items = np.unique(dst)
     rng = np.random.default_rng(0)
@@ -68,7 +66,7 @@ def main() -> None:
         "test": [[] for _ in range(10)],
     }
     frozen: dict[int, collections.Counter] | None = None
-    held_out = {int(n) for n in chronological_split(read_edge_stream(args.data)).new_nodes}
+    held_out = {int(n) for n in chronological_split(stream).new_nodes}
     known: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
 
     def p(counts: collections.Counter, v: int) -> float:
