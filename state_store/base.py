@@ -214,6 +214,14 @@ class EventLog(Protocol):
         if given, at most the newest ``limit`` events if given."""
         ...
 
+    def neighbours_before(self, nodes: list[str], before_seq: list[int]) -> list[str | None]:
+        """For each node, the other endpoint of its latest history event with seq <
+        before_seq[i] (the node itself for a self-loop), None when there is none (the
+        node's first event, or one the history cap has trimmed). A node's history below
+        its latest event never changes (late events are refused), so the answer for an
+        event is fixed once the event is logged."""
+        ...
+
     def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]: ...
 
     def pending(self, limit: int, after_seq: int | None = None) -> list[LoggedEvent]:

@@ -62,6 +62,11 @@ def decode_event(member: bytes) -> LoggedEvent:
     return LoggedEvent(int(seq), src, dst, float(t), tuple(float(x) for x in feats), eid)
 
 
+def other_endpoint(event: LoggedEvent, node: str) -> str:
+    """The endpoint of ``event`` that is not ``node`` (``node`` for a self-loop)."""
+    return event.dst if event.src == node else event.src
+
+
 def late_reason(t: float, last: float, node: str) -> str:
     return f"late: t={t!r} < last event {last!r} of node {node!r}"
 

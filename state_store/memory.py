@@ -10,6 +10,7 @@ Lua script or one pipeline on Redis.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
 import time
@@ -17,7 +18,7 @@ from collections import OrderedDict, deque
 
 from .base import AppendResult, LoggedEvent, NewEvent, StateStore, StoreMemory, WriteOutcome
 from .blob_header import HEADER_SIZE, pack_watermark, watermark_bytes
-from .common import event_ids, event_time, future_reason, late_reason
+from .common import event_ids, event_time, future_reason, late_reason, other_endpoint
 from .config import MemoryStoreConfig
 from .versions import ServingModel, ServingState, VersionMarks
 
@@ -190,6 +191,15 @@ class InMemoryStore(StateStore):
                 if limit is not None:
                     evs = evs[-limit:] if limit > 0 else []
                 out.append(evs)
+        return out
+
+    def neighbours_before(self, nodes: list[str], before_seq: list[int]) -> list[str | None]:
+        out: list[str | None] = []
+        with self._lock:
+            for node, seq in zip(nodes, before_seq, strict=True):
+                h = self._histories.get(node, ())
+                at = bisect.bisect_left(h, seq, key=lambda e: e.seq) - 1
+                out.append(None if at < 0 else other_endpoint(h[at], node))
         return out
 
     def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]:

@@ -42,7 +42,7 @@ from .append_script import APPEND_PART_LUA, header_args, outcome, previous_seqs,
 from .base import AppendResult, LoggedEvent, NewEvent, StoreUnavailable
 from .common import decode_event, encode_tail, event_ids, event_time
 from .faults import BEFORE_COMMIT, BETWEEN_PARTITION_APPENDS, fault_active, maybe_crash
-from .layout import claim_partitions
+from .layout import TRANSITIONS_NEED_ONE_LOG, LayoutMismatch, claim_partitions
 from .partition_scripts import DECIDE_LUA, FINISH_LUA, READ_COMMITTED_LUA
 from .redis_store import RedisStore, _guard, _ms
 from .versions import ServingModel, ServingState, VersionMarks
@@ -137,6 +137,11 @@ class PartitionedRedisStore(RedisStore):
 
     def history_key(self, node: str) -> bytes:
         return self._parts[self.partition_of(node)].history + node.encode()
+
+    def neighbours_before(self, nodes: list[str], before_seq: list[int]) -> list[str | None]:
+        # Each partition numbers its own copies: an event's seq in one endpoint's
+        # partition says nothing about where it sits in the other's history.
+        raise LayoutMismatch(TRANSITIONS_NEED_ONE_LOG)
 
     @_guard
     def claim_layout(self) -> None:

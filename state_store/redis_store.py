@@ -61,7 +61,7 @@ from .base import (
     WriteOutcome,
 )
 from .blob_header import pack_watermark
-from .common import decode_event, encode_tail, event_ids, event_time
+from .common import decode_event, encode_tail, event_ids, event_time, other_endpoint
 from .config import RedisStoreConfig
 from .layout import claim_partitions
 from .log_scripts import MARK_LUA, READ_LOG_LUA
@@ -512,6 +512,21 @@ class RedisStore(StateStore):
         if limit is None:
             return [[decode_event(m) for m in ms] for ms in out]
         return [[decode_event(m) for m in reversed(ms)] for ms in out]
+
+    @_guard
+    def neighbours_before(self, nodes: list[str], before_seq: list[int]) -> list[str | None]:
+        if not nodes:
+            return []
+        pipe = self._pipe()
+        for n, seq in zip(nodes, before_seq, strict=True):
+            pipe.execute_command(
+                "ZRANGE", self.history_key(n), b"(%d" % int(seq), b"-inf", b"BYSCORE", b"REV",
+                b"LIMIT", 0, 1,
+            )  # fmt: skip
+        return [
+            other_endpoint(decode_event(ms[0]), n) if ms else None
+            for ms, n in zip(pipe.execute(), nodes, strict=True)
+        ]
 
     @_guard
     def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]:

@@ -18,6 +18,7 @@ from model.node_state import NodeStates, StateCodec
 from state_store.base import NewEvent, StoreUnavailable
 from state_store.blob_header import read_watermark
 from state_store.factory import make_store
+from state_store.layout import LayoutMismatch
 from state_store.memory import InMemoryStore
 from tests.support.redis_server import free_port
 from tests.support.store_model import tiny_config
@@ -256,6 +257,34 @@ def test_read_histories_after_and_limit(make) -> None:
     assert s.read_histories(["a"], limit=0) == [[]]
     e = full[2]
     assert (e.src, e.dst, e.t, e.event_id, e.features) == ("a", "b", 2.0, "e2", ())
+
+
+def test_neighbours_before_an_event(make) -> None:
+    """Where each event's endpoint was just before it (the transition counts' lookup):
+    by seq in the node's history, a self-loop's other endpoint is the node itself, and a
+    trimmed or missing history answers None."""
+    events = [ev("a", "x", 1.0, "1"), ev("b", "x", 2.0, "2"), ev("a", "y", 3.0, "3")]
+    events += [ev("a", "a", 4.0, "4"), ev("a", "z", 5.0, "5"), ev("a", "w", 6.0, "6")]
+    s = make()
+    s.append_events(events)
+    asked = ["a", "x", "x", "a", "a", "a", "nobody", "a"]
+    before = [3, 2, 1, 4, 5, 6, 9, 7]
+    assert s.neighbours_before(asked, before) == ["x", "a", None, "y", "a", "z", None, "w"]
+    assert s.neighbours_before([], []) == []
+    capped = make(history_cap=3, key_prefix="capped")
+    capped.append_events(events)
+    # a's history keeps seqs 4-6: what came before seq 4 has been trimmed away
+    assert capped.neighbours_before(["a", "a", "a"], [4, 5, 6]) == [None, "a", "z"]
+
+
+def test_the_partitioned_log_cannot_say_where_a_node_was(redis_single) -> None:
+    redis_single.flush()
+    s = make_store(redis_single.url, partitions=4)
+    try:
+        with pytest.raises(LayoutMismatch, match="transition counts"):
+            s.neighbours_before(["a"], [1])
+    finally:
+        s.close()
 
 
 def test_log_pending_mark_applied_and_trimming(make) -> None:
