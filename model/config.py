@@ -87,6 +87,14 @@ class ModelConfig(BaseModel):
         description="length of one snapshot for the role counts, in the stream's time units"
         " (the trainer picks the median spacing of the training snapshots)",
     )
+    transition_buckets: int = Field(
+        0,
+        ge=0,
+        description="hashed buckets of a per-node record of where its counterparts came from"
+        " (each event adds one at the bucket of the other endpoint's previous neighbour), read"
+        " at the other endpoint's latest neighbours: the online 'what follows what' table,"
+        " kept per node (model/transition_counts.py; 0 = off)",
+    )
     time_norm: TimeNormalisation = TimeNormalisation()
     delta_min: float = Field(
         DEFAULT_DELTA_MIN,
@@ -110,6 +118,8 @@ class ModelConfig(BaseModel):
             raise ValueError("at least one of use_state / use_pair_features must be on")
         if self.role_counts and not self.use_pair_features:
             raise ValueError("role_counts are pair features: they need use_pair_features")
+        if self.transition_buckets and not self.use_pair_features:
+            raise ValueError("transition counts are pair features: they need use_pair_features")
         if self.identity_match_dim and not self.node_hash_buckets:
             raise ValueError(
                 "identity_match_dim needs node_hash_buckets > 0 (the match hashes node ids)"

@@ -8,6 +8,8 @@ version, the watermark t_last/last_seq, n_events), then::
     ...    8 L   recent-neighbour keys (i64, oldest first, right-aligned, -1 = empty)
     ...    8 L   their event times (f64, +inf = empty)
     ...    120   with ``role_counts``: the role-count record (15 f64, model/role_counts.py)
+    ...    4 B   with ``transition_buckets`` = B: the transition counts (f32,
+                 model/transition_counts.py)
 
 L is the config's ``neighbour_list_len`` (also in header bytes 18..19). The neighbour
 list is kept next to the state (DESIGN "The state of one node"), written by the same
@@ -45,6 +47,7 @@ from state_store.blob_header import (
 from .config import ModelConfig
 from .role_counts import RECORD_WIDTH, advance_flat, empty_records
 from .roles import ROLE_DST
+from .transition_counts import DenseTransitions, TransitionCounts, advance_counts, empty_counts
 
 STATE_FORMAT_VERSION = 2
 
@@ -120,18 +123,30 @@ class NeighbourLists:
     """Recent neighbours of N nodes: keys (N, L) int64 (PAD_KEY = empty), times float64
     (+inf = empty); oldest first, right-aligned (the newest entry is the last column).
     ``records``: the nodes' role-count records (N, RECORD_WIDTH) float64 where the model
-    keeps them (``ModelConfig.role_counts``), else None."""
+    keeps them (``ModelConfig.role_counts``), else None; ``transitions`` likewise their
+    transition counts (``ModelConfig.transition_buckets``, model/transition_counts.py)."""
 
     keys: torch.Tensor
     times: torch.Tensor
     records: torch.Tensor | None = None
+    transitions: TransitionCounts | None = None
 
     @classmethod
-    def empty(cls, n: int, length: int, role_counts: bool = False) -> NeighbourLists:
+    def empty(
+        cls, n: int, length: int, role_counts: bool = False, transition_buckets: int = 0
+    ) -> NeighbourLists:
         return cls(
             torch.full((n, length), PAD_KEY, dtype=torch.int64),
             torch.full((n, length), np.inf, dtype=torch.float64),
             torch.from_numpy(empty_records(n)) if role_counts else None,
+            DenseTransitions(empty_counts(n, transition_buckets)) if transition_buckets else None,
+        )
+
+    @classmethod
+    def empty_for(cls, n: int, config: ModelConfig) -> NeighbourLists:
+        """Empty lists with the records ``config`` keeps."""
+        return cls.empty(
+            n, config.neighbour_list_len, config.role_counts, config.transition_buckets
         )
 
     def assign(self, rows: torch.Tensor, other: NeighbourLists) -> None:
@@ -140,6 +155,10 @@ class NeighbourLists:
         if self.records is not None:
             assert other.records is not None, "role-count records missing"
             self.records[rows] = other.records
+        if self.transitions is not None:
+            assert isinstance(self.transitions, DenseTransitions)
+            assert isinstance(other.transitions, DenseTransitions), "transition counts missing"
+            self.transitions.counts[rows.numpy()] = other.transitions.counts
 
     @classmethod
     def from_lists(
@@ -158,18 +177,25 @@ class NeighbourLists:
     def select(self, index: torch.Tensor | list[int]) -> NeighbourLists:
         idx = torch.as_tensor(index, dtype=torch.long)
         records = None if self.records is None else self.records[idx]
-        return NeighbourLists(self.keys[idx], self.times[idx], records)
+        transitions = None if self.transitions is None else self.transitions.select(idx.numpy())
+        return NeighbourLists(self.keys[idx], self.times[idx], records, transitions)
 
     def to(self, device: torch.device | str) -> NeighbourLists:
         if self.keys.device == torch.device(device):
             return self
         records = None if self.records is None else self.records.to(device)
-        return NeighbourLists(self.keys.to(device), self.times.to(device), records)
+        return NeighbourLists(
+            self.keys.to(device), self.times.to(device), records, self.transitions
+        )
 
-    def extended(self, per_node: Sequence[Sequence[Any]]) -> NeighbourLists:
+    def extended(
+        self, per_node: Sequence[Sequence[Any]], previous: Sequence[Sequence[int]] | None = None
+    ) -> NeighbourLists:
         """The lists after appending each node's new entries (objects with ``other_key``,
         ``t`` and ``role``, oldest first): the last L of old + new, vectorised over
-        nodes; the role-count records, where kept, advanced over the same entries."""
+        nodes; the role-count records, where kept, advanced over the same entries, and
+        the transition counts, where kept, with ``previous``: per entry, the key of the
+        other endpoint's previous neighbour (``transition_counts.PAD``: none)."""
         n, length = self.keys.shape
         counts = np.fromiter((len(e) for e in per_node), dtype=np.int64, count=n)
         total = int(counts.sum())
@@ -180,8 +206,18 @@ class NeighbourLists:
         if self.records is not None:
             is_in = np.fromiter((e.role == ROLE_DST for e in flat), dtype=bool, count=total)
             records = torch.from_numpy(advance_flat(self.records.numpy(), rows, t, is_in))
+        transitions = None
+        if self.transitions is not None:
+            if previous is None:
+                raise ValueError("these lists keep transition counts: pass previous neighbours")
+            assert isinstance(self.transitions, DenseTransitions)
+            prev = np.fromiter((k for keys in previous for k in keys), dtype=np.int64, count=total)
+            buckets = self.transitions.counts.shape[1]
+            transitions = DenseTransitions(
+                advance_counts(self.transitions.counts, rows, prev, buckets)
+            )
         if total == 0:
-            return NeighbourLists(self.keys.clone(), self.times.clone(), records)
+            return NeighbourLists(self.keys.clone(), self.times.clone(), records, transitions)
         width = length + int(counts.max())
         keys = np.full((n, width), PAD_KEY, dtype=np.int64)
         times = np.full((n, width), np.inf, dtype=np.float64)
@@ -197,6 +233,7 @@ class NeighbourLists:
             torch.from_numpy(np.take_along_axis(keys, take, 1)),
             torch.from_numpy(np.take_along_axis(times, take, 1)),
             records,
+            transitions,
         )
 
 
@@ -217,7 +254,14 @@ class StateCodec:
         self.role_counts = config.role_counts
         self._arrays_size = 4 * (self._h_size + self._conv_size)
         self._records_size = 8 * RECORD_WIDTH if self.role_counts else 0
-        self.blob_size = HEADER_SIZE + self._arrays_size + 16 * self.list_len + self._records_size
+        self.transition_buckets = config.transition_buckets
+        self.blob_size = (
+            HEADER_SIZE
+            + self._arrays_size
+            + 16 * self.list_len
+            + self._records_size
+            + 4 * self.transition_buckets
+        )
         self._shape_fields = (
             MAGIC,
             STATE_FORMAT_VERSION,
@@ -256,7 +300,7 @@ class StateCodec:
         """One blob per node (``lists`` None: empty neighbour lists), in one numpy pass."""
         n = len(states)
         if lists is None:
-            lists = NeighbourLists.empty(n, self.list_len, self.role_counts)
+            lists = NeighbourLists.empty_for(n, self.config)
         if tuple(lists.keys.shape) != (n, self.list_len):
             raise ValueError(
                 f"neighbour lists of shape {tuple(lists.keys.shape)}, expected {(n, self.list_len)}"
@@ -271,6 +315,10 @@ class StateCodec:
         ]
         if lists.records is not None:
             parts.append(lists.records.to(torch.float64).contiguous().numpy())
+        if self.transition_buckets:
+            if not isinstance(lists.transitions, DenseTransitions):
+                raise ValueError("this model keeps transition counts: the lists must carry them")
+            parts.append(np.ascontiguousarray(lists.transitions.counts, dtype=np.float32))
         body = np.concatenate([p.view(np.uint8).reshape(n, -1) for p in parts], axis=1)
         t = states.t_last.tolist()
         s = states.last_seq.tolist()
@@ -342,7 +390,7 @@ class StateCodec:
         """States and neighbour lists of blobs, headers validated, arrays in one pass."""
         n = len(blobs)
         if n == 0:
-            empty = NeighbourLists.empty(0, self.list_len, self.role_counts)
+            empty = NeighbourLists.empty_for(0, self.config)
             return NodeStates.initial(0, self.config), empty
         raw = self._checked_rows(blobs)
 
@@ -362,7 +410,12 @@ class StateCodec:
         times_at, records_at = start + 8 * self.list_len, start + 16 * self.list_len
         keys = raw[:, start:times_at].copy().view(np.int64)
         times = raw[:, times_at:records_at].copy().view(np.float64)
-        records = None
+        records = transitions = None
+        counts_at = records_at + self._records_size
         if self.role_counts:
-            records = torch.from_numpy(raw[:, records_at:].copy().view(np.float64))
-        return states, NeighbourLists(torch.from_numpy(keys), torch.from_numpy(times), records)
+            records = torch.from_numpy(raw[:, records_at:counts_at].copy().view(np.float64))
+        if self.transition_buckets:
+            transitions = DenseTransitions(raw[:, counts_at:].copy().view(np.float32))
+        return states, NeighbourLists(
+            torch.from_numpy(keys), torch.from_numpy(times), records, transitions
+        )

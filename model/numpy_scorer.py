@@ -28,6 +28,7 @@ from .link_model import DygMambaLinkModel, head_inputs
 from .node_state import PAD_KEY
 from .role_counts import role_count_features
 from .ssm import _FLOOR_FACTOR, LOG_DECAY_FLOOR, MAX_GAP_UNITS
+from .transition_counts import TRANSITION_DEPTH, bucket_of, transition_features
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -217,6 +218,31 @@ class NumpyScorer:
             x = np.maximum(layer(x), np.float32(0.0))
         return self.head[-1](x)[:, 0]
 
+    def transition_columns(
+        self,
+        counts: np.ndarray,
+        nbr: np.ndarray,
+        nbr_t: np.ndarray,
+        iu: np.ndarray,
+        iv: np.ndarray,
+        tau: np.ndarray,
+    ) -> np.ndarray:
+        """``pair_features.transition_inputs`` on numpy rows."""
+        b = self.config.transition_buckets
+        latest_u = bucket_of(
+            latest_visible_neighbours(nbr[iu], nbr_t[iu], tau, TRANSITION_DEPTH), b
+        )
+        latest_v = bucket_of(
+            latest_visible_neighbours(nbr[iv], nbr_t[iv], tau, TRANSITION_DEPTH), b
+        )
+
+        def at(rows: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+            got = counts[rows[:, None], np.maximum(buckets, 0)]
+            return np.where(buckets >= 0, got, 0.0)
+
+        totals = counts.sum(1, dtype=np.float64)
+        return transition_features(at(iv, latest_u), totals[iv], at(iu, latest_v), totals[iu])
+
     # ----- the whole call ------------------------------------------------------------
     def score_nodes(
         self,
@@ -230,6 +256,7 @@ class NumpyScorer:
         iv: np.ndarray,  # (P,) rows of the destinations
         tau: np.ndarray,  # (P,) float64 query times
         records: np.ndarray | None = None,  # (N, RECORD_WIDTH) float64 with role_counts
+        transitions: np.ndarray | None = None,  # (N, buckets) float32 with transition counts
     ) -> np.ndarray:
         """``streaming.score_nodes`` on numpy arrays: (P,) float32 logits."""
         c = self.config
@@ -255,6 +282,12 @@ class NumpyScorer:
                     raise ValueError("this model reads role counts: pass their records")
                 ends = [role_count_features(records[i], tau, c.role_count_unit) for i in (iu, iv)]
                 pair = np.concatenate([pair, *ends], axis=1)
+            if c.transition_buckets:
+                if transitions is None:
+                    raise ValueError("this model reads transition counts: pass them")
+                pair = np.concatenate(
+                    [pair, self.transition_columns(transitions, nbr, nbr_t, iu, iv, tau)], axis=1
+                )
         if c.identity_match_dim:
             d = c.identity_match_depth
             ids = np.concatenate(

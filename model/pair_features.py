@@ -38,6 +38,12 @@ from .config import ModelConfig, TimeNormalisation
 from .node_state import PAD_KEY, NeighbourLists, NodeStates
 from .role_counts import ROLE_COUNT_FEATURES, role_count_features
 from .time_encoding import standardised_log_span
+from .transition_counts import (
+    TRANSITION_DEPTH,
+    bucket_of,
+    transition_feature_dim,
+    transition_features,
+)
 
 PAIR_FEATURE_DIM = 11
 SNAPSHOT_FEATURE_DIM = 4  # ModelConfig.snapshot_pair_features: 2 per endpoint
@@ -47,7 +53,7 @@ def pair_feature_dim(config: ModelConfig) -> int:
     """Columns of the pair features the config computes."""
     snapshot = SNAPSHOT_FEATURE_DIM if config.snapshot_pair_features else 0
     counts = 2 * ROLE_COUNT_FEATURES if config.role_counts else 0
-    return PAIR_FEATURE_DIM + snapshot + counts
+    return PAIR_FEATURE_DIM + snapshot + counts + transition_feature_dim(config.transition_buckets)
 
 
 def pair_features(
@@ -231,6 +237,10 @@ def pair_inputs(
                 for r in (lists_u.records, lists_v.records)
             ]
             pair = torch.cat([pair, *ends], dim=1)
+        if config.transition_buckets:
+            pair = torch.cat(
+                [pair, transition_inputs(config.transition_buckets, tau, lists_u, lists_v)], dim=1
+            )
     if config.identity_match_dim:
         ids = pair_identity_keys(
             key_u,
@@ -243,6 +253,24 @@ def pair_inputs(
             config.identity_match_depth,
         )
     return pair, ids
+
+
+def transition_inputs(
+    buckets: int, tau: torch.Tensor, lists_u: NeighbourLists, lists_v: NeighbourLists
+) -> torch.Tensor:
+    """The transition-count columns of pairs (``model/transition_counts.py``): v's
+    record at u's latest visible neighbours and u's at v's."""
+    if lists_u.transitions is None or lists_v.transitions is None:
+        raise ValueError("this model reads transition counts: the lists must carry them")
+    latest_u = latest_visible_neighbours(lists_u.keys, lists_u.times, tau, TRANSITION_DEPTH)
+    latest_v = latest_visible_neighbours(lists_v.keys, lists_v.times, tau, TRANSITION_DEPTH)
+    feats = transition_features(
+        lists_v.transitions.at(bucket_of(latest_u.cpu().numpy(), buckets)),
+        lists_v.transitions.totals(),
+        lists_u.transitions.at(bucket_of(latest_v.cpu().numpy(), buckets)),
+        lists_u.transitions.totals(),
+    )
+    return torch.from_numpy(feats).to(lists_u.keys.device)
 
 
 def pair_inputs_of_rows(

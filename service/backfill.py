@@ -77,7 +77,7 @@ def backfill_store(
     ) -> dict[str, bytes]:
         t0 = time.perf_counter()
         try:
-            return runtime.advance_blobs(nodes, blobs, new_events)
+            return runtime.advance_blobs(nodes, blobs, new_events, log=store)
         finally:
             report.model_seconds += time.perf_counter() - t0
 

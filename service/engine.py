@@ -45,6 +45,7 @@ from model.protocol import ServedModel
 from model.rank_plan import RankPlan
 from model.role_counts import IN_TOTAL, LATEST_IN, OUT_TOTAL
 from model.streaming import score_nodes
+from model.transition_counts import PAD
 from state_store.applier import (
     Advance,
     LoggedBatch,
@@ -53,9 +54,11 @@ from state_store.applier import (
     logged_events,
     redrive,
 )
-from state_store.base import LoggedEvent, NewEvent, StateStore, StoreUnavailable
+from state_store.base import EventLog, LoggedEvent, NewEvent, StateStore, StoreUnavailable
 from state_store.blob_header import read_watermark
+from state_store.common import other_endpoint
 from state_store.faults import AFTER_LOG, maybe_crash
+from state_store.layout import TRANSITIONS_NEED_ONE_LOG, LayoutMismatch
 from state_store.versions import NO_MARK, VersionMarks
 
 from . import metrics
@@ -157,6 +160,16 @@ class ModelRuntime:
         self.numpy_scorer = NumpyScorer(checkpoint.model) if backend == "torch" else None
         # The node-classification head, where the checkpoint has one (service/classify.py).
         self.node_head = load_node_head(checkpoint.path, checkpoint.version)
+        # The log whose histories ``advance_blobs`` reads for transition counts.
+        self.log: EventLog | None = None
+
+    def paired_with(self, log: EventLog) -> ModelRuntime:
+        """This runtime, advancing with ``log`` (itself, for chaining). A model with
+        transition counts refuses a partitioned log (``LayoutMismatch``)."""
+        if self.config.transition_buckets and getattr(log, "partitions", 1) > 1:
+            raise LayoutMismatch(TRANSITIONS_NEED_ONE_LOG)
+        self.log = log
+        return self
 
     @classmethod
     def load(
@@ -177,7 +190,7 @@ class ModelRuntime:
         if len(present) == len(blobs):
             return self.codec.decode_with_neighbours(list(blobs))  # type: ignore[arg-type]
         states = NodeStates.initial(len(blobs), self.config)
-        lists = NeighbourLists.empty(len(blobs), self.codec.list_len, self.config.role_counts)
+        lists = NeighbourLists.empty_for(len(blobs), self.config)
         if present:
             dec, nbr = self.codec.decode_with_neighbours([blobs[i] for i in present])  # type: ignore[misc]
             idx = torch.tensor(present)
@@ -191,10 +204,15 @@ class ModelRuntime:
         return states, lists
 
     def advance_blobs(
-        self, nodes: list[str], blobs: list[bytes | None], new_events: list[list[LoggedEvent]]
+        self,
+        nodes: list[str],
+        blobs: list[bytes | None],
+        new_events: list[list[LoggedEvent]],
+        log: EventLog | None = None,
     ) -> dict[str, bytes]:
         """The applier's callback: apply each node's new events to its state and its
-        neighbour list, return the new blobs."""
+        neighbour list, return the new blobs. A model with transition counts also
+        needs the ``log``: where each event's other endpoint had been just before."""
         per_node = [
             node_events(node, events) for node, events in zip(nodes, new_events, strict=True)
         ]
@@ -205,9 +223,17 @@ class ModelRuntime:
             [blobs[i] for i in order],
             [per_node[i] for i in order],
         )
+        previous = None
+        if self.config.transition_buckets:
+            log = log or self.log
+            if log is None:
+                raise ValueError("this model keeps transition counts: advancing needs the log")
+            previous = counterparts_previous(log, nodes, [new_events[i] for i in order])
         states, lists = self.decode(blobs)
         new = self.kernels.advance(states.to(self.device), per_node).to("cpu")
-        return dict(zip(nodes, self.codec.encode_many(new, lists.extended(per_node)), strict=True))
+        return dict(
+            zip(nodes, self.codec.encode_many(new, lists.extended(per_node, previous)), strict=True)
+        )
 
 
 def resolve_device(device: str) -> torch.device:
@@ -224,6 +250,30 @@ def resolve_device(device: str) -> torch.device:
 def distinct_nodes(pairs: Sequence[Pair]) -> list[str]:
     """The pairs' nodes, each once (sources first), in a stable order."""
     return list(dict.fromkeys([p[0] for p in pairs] + [p[1] for p in pairs]))
+
+
+def counterparts_previous(
+    log: EventLog, nodes: list[str], new_events: list[list[LoggedEvent]]
+) -> list[list[int]]:
+    """Per node and entry (``node_events``' entries: a self-loop is two), the key of the
+    other endpoint's neighbour before the event, from the log's histories in one
+    round trip (model/transition_counts.py; ``transition_counts.PAD``: none)."""
+    asked: list[str] = []
+    seqs: list[int] = []
+    for node, events in zip(nodes, new_events, strict=True):
+        for e in events:
+            asked.append(other_endpoint(e, node))
+            seqs.append(e.seq)
+    found = log.neighbours_before(asked, seqs)
+    keys = iter([PAD if n is None else node_key(n) for n in found])
+    out = []
+    for events in new_events:
+        row = []
+        for e in events:
+            k = next(keys)
+            row += [k, k] if e.src == e.dst else [k]
+        out.append(row)
+    return out
 
 
 def node_events(node: str, events: Sequence[LoggedEvent]) -> list[NodeEvent]:
@@ -269,7 +319,7 @@ class Engine:
     def __init__(
         self, runtime: ModelRuntime, store: StateStore, numpy_max_pairs: int = 256
     ) -> None:
-        self._runtime = runtime
+        self._runtime = runtime.paired_with(store)
         self.store = store
         # Score calls up to this many pairs take the runtime's numpy kernel (when it has
         # one): 3x less CPU for one pair, level with torch near 1,000 (docs/BENCHMARKS.md).
@@ -302,7 +352,7 @@ class Engine:
         """Hot switch: requests already running finish on the runtime they started with.
         ``marks``: the store's version marks, read just before (the bound of stale blobs)."""
         with self._swap:
-            old, self._runtime = self._runtime, runtime
+            old, self._runtime = self._runtime, runtime.paired_with(self.store)
             self._set_marks(marks or VersionMarks())
         return old
 
@@ -582,6 +632,7 @@ class Engine:
                 iv,
                 tau,
                 None if lists.records is None else lists.records.numpy(),
+                None if lists.transitions is None else lists.transitions.counts,  # type: ignore[attr-defined]
             ).tolist()
         else:
             dev = rt.device

@@ -25,6 +25,8 @@ from model.node_ids import node_keys
 from model.pair_features import PAD_KEY
 from model.role_counts import empty_records, prefix_records
 from model.streaming import NeighbourLists
+from model.transition_counts import PAD as NO_PREVIOUS
+from model.transition_counts import bucket_of
 
 from .data import EdgeStream
 
@@ -83,6 +85,8 @@ class NodeEventIndex:
     _comp: np.ndarray
     # Role-count records at every prefix (built on first use).
     _records: np.ndarray | None = None
+    # Transition counts at every prefix, per number of buckets (built on first use).
+    _transitions: dict[int, PrefixTransitionIndex] | None = None
 
     @classmethod
     def build(cls, data: IndexedStream, events: np.ndarray) -> NodeEventIndex:
@@ -121,14 +125,48 @@ class NodeEventIndex:
             out[i] = np.searchsorted(self.event[lo:hi], e, side="left")
         return out
 
+    def counterpart_previous_keys(self) -> np.ndarray:
+        """(M,) per entry: the key of the other endpoint's latest neighbour before the
+        entry's event (NO_PREVIOUS: none), over this index's events: what
+        ``transition_counts.counterpart_previous`` gives a writer in stream order."""
+        m = len(self.event)
+        pos = np.arange(m)
+        local = np.searchsorted(np.unique(self.event), self.event)
+        src_entry = np.zeros(local.max() + 1 if m else 0, dtype=np.int64)
+        dst_entry = np.zeros_like(src_entry)
+        src_entry[local[self.role == ROLE_SRC]] = pos[self.role == ROLE_SRC]
+        dst_entry[local[self.role == ROLE_DST]] = pos[self.role == ROLE_DST]
+        counterpart_entry = np.where(self.role == ROLE_SRC, dst_entry[local], src_entry[local])
+        # A self-loop's two entries are the node's own; its first (src) one is where the
+        # node's earlier events end.
+        self_loop = self.other == np.repeat(np.arange(self.num_nodes), np.diff(self.offsets))
+        first = np.where(self_loop, src_entry[local], counterpart_entry)
+        has = first > self.offsets[self.other]
+        return np.where(has, self.other_key[np.maximum(first - 1, 0)], NO_PREVIOUS)
+
+    def transitions(self, nodes: np.ndarray, m: np.ndarray, buckets: int) -> PrefixTransitions:
+        """Each node's transition counts after its first ``m`` events."""
+        if self._transitions is None:
+            self._transitions = {}
+        if buckets not in self._transitions:
+            self._transitions[buckets] = PrefixTransitionIndex.build(self, buckets)
+        return PrefixTransitions(self._transitions[buckets], nodes, m)
+
     def neighbour_lists(
-        self, nodes: np.ndarray, m: np.ndarray, length: int, role_counts: bool = False
+        self,
+        nodes: np.ndarray,
+        m: np.ndarray,
+        length: int,
+        role_counts: bool = False,
+        transition_buckets: int = 0,
     ) -> NeighbourLists:
         """Last ``length`` (other key, t) entries among each node's first ``m`` events;
-        with ``role_counts``, also each node's role-count record after them."""
+        with ``role_counts``, also each node's role-count record after them, and with
+        ``transition_buckets`` its transition counts."""
         nodes = np.asarray(nodes, dtype=np.int64)
         m = np.asarray(m, dtype=np.int64)
         records = self.role_count_records(nodes, m) if role_counts else None
+        transitions = self.transitions(nodes, m, transition_buckets) if transition_buckets else None
         j = np.arange(length)
         idx = self.offsets[nodes][:, None] + m[:, None] - length + j[None, :]
         valid = j[None, :] >= (length - m)[:, None]
@@ -144,6 +182,7 @@ class NodeEventIndex:
             torch.from_numpy(keys.astype(np.int64)),
             torch.from_numpy(times.astype(np.float64)),
             records,
+            transitions,
         )
 
     def role_count_records(self, nodes: np.ndarray, m: np.ndarray) -> torch.Tensor:
@@ -191,3 +230,50 @@ class NodeEventIndex:
             seq=torch.from_numpy(np.where(valid, ev, 0).astype(np.int64)),
         )
         return inputs, torch.from_numpy(lengths)
+
+
+@dataclass
+class PrefixTransitionIndex:
+    """Every node's transition counts at every prefix of its entries, without holding
+    them: the entries with a previous neighbour, sorted by (node, bucket, position), so
+    a count is two binary searches."""
+
+    offsets: np.ndarray
+    buckets: int
+    span: int  # > any node's entry count
+    sorted_keys: np.ndarray  # (node * buckets + bucket) * span + position in the node
+    with_previous: np.ndarray  # (M + 1,) running count of entries that have one
+
+    @classmethod
+    def build(cls, index: NodeEventIndex, buckets: int) -> PrefixTransitionIndex:
+        b = bucket_of(index.counterpart_previous_keys(), buckets)
+        sizes = np.diff(index.offsets)
+        node = np.repeat(np.arange(index.num_nodes), sizes)
+        position = np.arange(len(b)) - index.offsets[node]
+        span = int(sizes.max()) + 1 if len(sizes) else 1
+        has = b >= 0
+        keys = np.sort((node[has] * buckets + b[has]) * span + position[has])
+        running = np.concatenate([[0], np.cumsum(has)])
+        return cls(index.offsets, buckets, span, keys, running)
+
+
+class PrefixTransitions:
+    """``TransitionCounts`` of nodes after their first ``m`` entries (the trainer's)."""
+
+    def __init__(self, index: PrefixTransitionIndex, nodes: np.ndarray, m: np.ndarray) -> None:
+        self.index, self.nodes, self.m = index, np.asarray(nodes), np.asarray(m)
+
+    def select(self, index: np.ndarray) -> PrefixTransitions:
+        return PrefixTransitions(self.index, self.nodes[index], self.m[index])
+
+    def at(self, buckets: np.ndarray) -> np.ndarray:
+        ix = self.index
+        base = (self.nodes[:, None] * ix.buckets + np.maximum(buckets, 0)) * ix.span
+        hi = np.searchsorted(ix.sorted_keys, base + self.m[:, None], side="left")
+        lo = np.searchsorted(ix.sorted_keys, base, side="left")
+        return np.where(buckets >= 0, hi - lo, 0).astype(np.float32)
+
+    def totals(self) -> np.ndarray:
+        start = self.index.offsets[self.nodes]
+        w = self.index.with_previous
+        return (w[start + self.m] - w[start]).astype(np.float32)

@@ -27,6 +27,12 @@ from model.node_state import NodeStates
 from model.pair_features import PAD_KEY
 from model.role_counts import advance_records, empty_records
 from model.streaming import NeighbourLists, advance, score
+from model.transition_counts import (
+    DenseTransitions,
+    add_counts,
+    counterpart_previous,
+    empty_counts,
+)
 
 from .batches import IndexedStream
 from .data import ChronologicalSplit
@@ -61,6 +67,9 @@ class StreamReplay:
         self.nbr_keys = np.full((n, self.length), PAD_KEY, dtype=np.int64)
         self.nbr_t = np.full((n, self.length), np.inf, dtype=np.float64)
         self.records = empty_records(n) if model.config.role_counts else None
+        self.buckets = model.config.transition_buckets
+        self.transitions = empty_counts(n, self.buckets) if self.buckets else None
+        self.latest: dict[int, int] = {}  # node key -> its latest neighbour's key
         self.applied = 0
 
     def per_node_events(self, events: np.ndarray) -> tuple[np.ndarray, list[list[NodeEvent]]]:
@@ -121,6 +130,15 @@ class StreamReplay:
             self.nbr_t[node, self.length - k :] = [e.t for e in tail]
         if self.records is not None:
             self.records[nodes] = advance_records(self.records[nodes], lists)
+        if self.transitions is not None:
+            idx = np.asarray(events, dtype=np.int64)
+            d = self.data
+            for_src, for_dst = counterpart_previous(
+                d.keys[d.src[idx]].tolist(), d.keys[d.dst[idx]].tolist(), self.latest
+            )
+            rows = np.concatenate([d.src[idx], d.dst[idx]])
+            prev = np.array(for_src + for_dst, dtype=np.int64)
+            add_counts(self.transitions, rows, prev, self.buckets)
         self.applied += len(events)
 
     def neighbour_lists(self, nodes: np.ndarray) -> NeighbourLists:
@@ -128,6 +146,7 @@ class StreamReplay:
             torch.from_numpy(self.nbr_keys[nodes]),
             torch.from_numpy(self.nbr_t[nodes]),
             None if self.records is None else torch.from_numpy(self.records[nodes]),
+            None if self.transitions is None else DenseTransitions(self.transitions[nodes]),
         )
 
     def score(self, qs: np.ndarray, qd: np.ndarray, qt: np.ndarray) -> np.ndarray:

@@ -228,7 +228,9 @@ class EpochRunner:
 
         pair = ids = None
         if cfg.use_pair_features or cfg.identity_match_dim:
-            lists = idx.neighbour_lists(q_nodes, q_m, cfg.neighbour_list_len, cfg.role_counts)
+            lists = idx.neighbour_lists(
+                q_nodes, q_m, cfg.neighbour_list_len, cfg.role_counts, cfg.transition_buckets
+            )
             keys = torch.from_numpy(d.keys[q_nodes])
             m_t = torch.from_numpy(q_m)
             last = torch.from_numpy(idx.last_time(q_nodes, q_m))

@@ -20,6 +20,7 @@ from model.pair_features import latest_visible_neighbours as torch_latest_visibl
 from model.pair_features import pair_features as torch_pair_features
 from model.role_counts import advance_records, empty_records
 from model.streaming import score_nodes
+from model.transition_counts import DenseTransitions
 from service.settings import DEFAULT_CHECKPOINT
 
 N_NODES = 12
@@ -55,6 +56,9 @@ def _nodes(
                 [SimpleNamespace(t=float(a), role=int(r)) for a, r in zip(t, roles, strict=True)]
             )
         lists.records = torch.from_numpy(advance_records(empty_records(N_NODES), per_node))
+    if cfg.transition_buckets:  # counts at the buckets of the small key range, and beyond
+        counts = torch.randint(0, 6, (N_NODES, cfg.transition_buckets), generator=gen)
+        lists.transitions = DenseTransitions(counts.numpy().astype(np.float32))
     node_keys = (
         torch.arange(N_NODES, dtype=torch.int64) % 9
     )  # node keys collide with neighbour keys
@@ -86,6 +90,7 @@ def _numpy_logits(
         iv.numpy(),
         tau.numpy(),
         None if lists.records is None else lists.records.numpy(),
+        None if lists.transitions is None else lists.transitions.counts,
     )
 
 
@@ -97,6 +102,7 @@ VARIANTS = {
     "no_pair_features": {"use_pair_features": False},
     "snapshot_counts": {"snapshot_pair_features": True},
     "role_counts": {"snapshot_pair_features": True, "role_counts": True, "role_count_unit": 500.0},
+    "transition_counts": {"transition_buckets": 7},
 }
 
 

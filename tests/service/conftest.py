@@ -10,11 +10,13 @@ from tests.support.redis_server import redis_available, start_redis
 from tests.support.service_process import start_service
 
 
-def make_checkpoint(path, seed: int = 0, edge_feature_dim: int = 2) -> str:
+def make_checkpoint(path, seed: int = 0, edge_feature_dim: int = 2, **config) -> str:
     torch.manual_seed(seed)
     return save_checkpoint(
         path,
-        DygMambaLinkModel(ModelConfig(edge_feature_dim=edge_feature_dim, d_model=16, d_state=8)),
+        DygMambaLinkModel(
+            ModelConfig(edge_feature_dim=edge_feature_dim, d_model=16, d_state=8, **config)
+        ),
     )
 
 

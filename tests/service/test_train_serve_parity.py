@@ -123,3 +123,60 @@ def test_batch_visibility_replay_over_http_equals_offline_evaluator(
     with open(exact_file, newline="") as fh:
         exact = np.array([float(r["logit"]) for r in csv.DictReader(fh)])
     assert np.abs(exact - offline).max() > 1e-3
+
+
+def test_transition_counts_replay_over_http_equals_offline_evaluator(
+    redis_server, data_dir, tmp_path
+):
+    """The same invariant for a model with transition counts: each applied event adds
+    to its endpoints' records where the other endpoint was just before, which the
+    service reads from the log's histories in Redis and the evaluator from its own
+    walk of the stream (model/transition_counts.py). The first 6,000 MOOC events:
+    students moving from course item to course item."""
+    from state_store.factory import make_store
+    from training.train import train
+
+    with gzip.open(data_dir / "mooc" / "edges.csv.gz", "rt") as f:
+        lines = f.read().splitlines()[:6_001]
+    data = tmp_path / "mooc-head.csv.gz"
+    with gzip.open(data, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    ckpt = tmp_path / "ckpt"
+    config = {"d_model": 8, "d_state": 4, "transition_buckets": 32}
+    version = train(data, ckpt, config, epochs=1, progress=False, test_eval=False)
+    scores_file = tmp_path / "offline.csv"
+    args = ["--checkpoint", str(ckpt), "--data", str(data), "--splits", "test"]
+    args += ["--strategies", "random", "--settings", "transductive", "--mrr-k", "0"]
+    rc = evaluate.main([*args, "--write-scores", str(scores_file), "--out", str(tmp_path / "e")])
+    assert rc == 0
+    with open(scores_file, newline="") as fh:
+        offline = np.array([float(r["logit"]) for r in csv.DictReader(fh)])
+    queries = read_queries(scores_file)
+
+    redis_server.flush()
+    svc = start_service(
+        tmp_path, {"DYGSERVE_REDIS_URL": redis_server.url, "DYGSERVE_CHECKPOINT": str(ckpt)}
+    )
+    try:
+        stream = read_edge_stream(data)
+        split = chronological_split(stream)
+        served = np.array(replay(ServiceClient(svc.url, None), stream, split.test_time, queries))
+    finally:
+        svc.stop()
+
+    diff = np.abs(served - offline)
+    assert np.isfinite(served).all() and diff.max() <= 1e-4, f"max diff {diff.max():.2e}"
+    # Not vacuous: the items' records in Redis hold the counts.
+    store = make_store(redis_server.url)
+    try:
+        items = sorted({str(d) for d in stream.dst})
+        blobs = [b for b in store.read_states(version, items) if b is not None]
+    finally:
+        store.close()
+    from model.checkpoint import load_checkpoint
+    from model.node_state import StateCodec
+
+    loaded = load_checkpoint(ckpt)
+    _, lists = StateCodec(loaded.config, version).decode_with_neighbours(blobs)
+    assert lists.transitions is not None
+    assert lists.transitions.totals().sum() > 0.8 * len(stream)  # type: ignore[union-attr]

@@ -36,6 +36,12 @@ from model.onnx.runtime import OnnxLinkModel
 from model.pair_features import PAD_KEY
 from model.role_counts import advance_records, empty_records
 from model.streaming import NeighbourLists, advance, score
+from model.transition_counts import (
+    DenseTransitions,
+    add_counts,
+    counterpart_previous,
+    empty_counts,
+)
 from training.data import read_edge_stream
 
 RTOL, ATOL = 1e-5, 1e-5
@@ -58,6 +64,7 @@ def small_checkpoint(tmp_path_factory) -> Path:
             snapshot_pair_features=True,  # a wider pair input than the default graph's,
             role_counts=True,  # wider still, from the records kept beside the lists
             role_count_unit=86400.0,
+            transition_buckets=16,  # and the transition counts' columns
         )
     )
     path = tmp_path_factory.mktemp("small") / "ck"
@@ -116,10 +123,16 @@ def _stream(model, uci) -> tuple[list[torch.Tensor], list[NodeStates], NodeState
     nbr_k = np.full((n_nodes, length), PAD_KEY, dtype=np.int64)
     nbr_t = np.full((n_nodes, length), np.inf, dtype=np.float64)
     counts = empty_records(n_nodes) if cfg.role_counts else None
+    buckets = cfg.transition_buckets
+    moves = empty_counts(n_nodes, buckets) if buckets else None
+    latest: dict[int, int] = {}
 
     def lists(rows: np.ndarray) -> NeighbourLists:
         held = None if counts is None else torch.from_numpy(counts[rows])
-        return NeighbourLists(torch.from_numpy(nbr_k[rows]), torch.from_numpy(nbr_t[rows]), held)
+        came_from = None if moves is None else DenseTransitions(moves[rows])
+        return NeighbourLists(
+            torch.from_numpy(nbr_k[rows]), torch.from_numpy(nbr_t[rows]), held, came_from
+        )
 
     rng = np.random.default_rng(1)
     logits_all, touched_all = [], []
@@ -159,6 +172,10 @@ def _stream(model, uci) -> tuple[list[torch.Tensor], list[NodeStates], NodeState
             counts[nodes.numpy()] = advance_records(
                 counts[nodes.numpy()], [per[int(k)] for k in nodes]
             )
+        if moves is not None:
+            src, dst = uci["src"][idx], uci["dst"][idx]
+            for_src, for_dst = counterpart_previous(keys[src].tolist(), keys[dst].tolist(), latest)
+            add_counts(moves, np.r_[src, dst], np.array(for_src + for_dst), buckets)
         for node, evs in per.items():
             k = min(len(evs), length)
             nbr_k[node, : length - k], nbr_t[node, : length - k] = nbr_k[node, k:], nbr_t[node, k:]

@@ -1,0 +1,110 @@
+"""model.transition_counts: its writers against each other (the evaluator's and the
+service's, which walk events in order, and the trainer's prefix index), the blob
+round trip, and what the head reads (the torch and numpy scorers read it alike:
+tests/model/test_numpy_scorer.py, "transition_counts")."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from model.config import ModelConfig
+from model.node_state import NeighbourLists, NodeStates, StateCodec
+from model.pair_features import pair_feature_dim, pair_inputs
+from model.transition_counts import (
+    PAD,
+    DenseTransitions,
+    add_counts,
+    bucket_of,
+    counterpart_previous,
+    empty_counts,
+    transition_feature_dim,
+)
+from training.batches import IndexedStream, NodeEventIndex
+from training.data import read_edge_stream
+
+
+def _streamed(d: IndexedStream, events: np.ndarray, buckets: int) -> np.ndarray:
+    """Counts after ``events`` written in slices of uneven sizes, as the evaluator and
+    the service write them (a batch at a time, each in stream order)."""
+    counts = empty_counts(d.num_nodes, buckets)
+    latest: dict[int, int] = {}
+    cuts = np.unique(
+        np.r_[0, np.cumsum(np.random.default_rng(0).integers(1, 500, 200)), len(events)]
+    )
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=False):
+        ev = events[lo : min(hi, len(events))]
+        if not len(ev):
+            continue
+        for_src, for_dst = counterpart_previous(
+            d.keys[d.src[ev]].tolist(), d.keys[d.dst[ev]].tolist(), latest
+        )
+        rows = np.concatenate([d.src[ev], d.dst[ev]])
+        add_counts(counts, rows, np.array(for_src + for_dst, dtype=np.int64), buckets)
+    return counts
+
+
+def test_the_trainers_prefix_counts_equal_the_streamed_ones(data_dir):
+    """Can. Parl. has self-loops and many events at one time; every node's counts after
+    the first 7,777 and after all 20,000 events agree exactly."""
+    d = IndexedStream.build(read_edge_stream(data_dir / "canparl"))
+    events = np.arange(20_000)
+    index = NodeEventIndex.build(d, events)
+    nodes = np.arange(d.num_nodes)
+    every_bucket = np.tile(np.arange(64), (d.num_nodes, 1))
+    for cut in (7_777, 20_000):
+        streamed = _streamed(d, events[:cut], 64)
+        m = index.prefix_count_before_event(nodes, np.full(d.num_nodes, cut))
+        prefix = index.transitions(nodes, m, 64)
+        np.testing.assert_array_equal(prefix.at(every_bucket), streamed)
+        np.testing.assert_array_equal(prefix.totals(), streamed.sum(1))
+    assert streamed.sum() > 30_000  # nearly every entry has a previous neighbour
+
+
+def test_counts_of_a_small_stream():
+    """a-x, b-x, a-y, b-y: y is reached from x twice (by a and by b); x is reached from
+    nothing (a's and b's first events); a and b each count y's and x's previous visitor."""
+    a, b, x, y = 10, 11, 12, 13
+    latest: dict[int, int] = {}
+    for_src, for_dst = counterpart_previous([a, b, a, b], [x, x, y, y], latest)
+    assert for_dst == [PAD, PAD, x, x]  # what x, x, y, y count: the source's previous item
+    assert for_src == [PAD, a, PAD, a]  # what a, b, a, b count: the item's previous visitor
+    counts = empty_counts(14, 16)
+    add_counts(counts, np.array([a, b, a, b, x, x, y, y]), np.array(for_src + for_dst), 16)
+    assert counts[y, x % 16] == 2 and counts[y].sum() == 2 and counts[x].sum() == 0
+    assert counts[b, a % 16] == 2 and counts[a].sum() == 0
+    assert list(bucket_of(np.array([PAD, 17, 3]), 16)) == [PAD, 1, 3]
+
+
+def test_the_blob_keeps_the_counts_and_the_head_reads_them():
+    cfg = ModelConfig(d_model=8, d_state=4, neighbour_list_len=4, transition_buckets=8)
+    codec = StateCodec(cfg, "00" * 8)
+    lists = NeighbourLists.empty_for(2, cfg)
+    lists.keys[1, -2:] = torch.tensor([3, 5])  # node 1 visited 3, then 5
+    lists.times[1, -2:] = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    assert isinstance(lists.transitions, DenseTransitions)
+    lists.transitions.counts[0, 5] = 4.0  # node 0 was reached from 5 four times
+    lists.transitions.counts[0, 3] = 1.0
+    blobs = codec.encode_many(NodeStates.initial(2, cfg), lists)
+    assert len(blobs[0]) == codec.blob_size
+    _, back = codec.decode_with_neighbours(blobs)
+    assert isinstance(back.transitions, DenseTransitions)
+    np.testing.assert_array_equal(back.transitions.counts, lists.transitions.counts)
+
+    keys = torch.tensor([100, 101])
+    pair, _ = pair_inputs(
+        cfg,
+        keys[[1]],
+        keys[[0]],
+        torch.tensor([3.0], dtype=torch.float64),
+        back.select([1]),
+        back.select([0]),
+        torch.tensor([2]),
+        torch.tensor([5]),
+        torch.tensor([2.0], dtype=torch.float64),
+        torch.tensor([1.5], dtype=torch.float64),
+    )
+    assert pair is not None and pair.shape[1] == pair_feature_dim(cfg)
+    cols = pair[0, -transition_feature_dim(8) :].numpy()
+    # v = node 0 at u's latest neighbours 5, 3, none; v's total; then u's (empty) record.
+    np.testing.assert_allclose(cols, np.log1p([4, 1, 0, 5, 0, 0, 0, 0]), rtol=1e-6)
