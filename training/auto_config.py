@@ -15,6 +15,13 @@ Rules:
   latest neighbours (``identity_match_dim`` 128, depth 3, lists of 128; see
   ``docs/results/mooc-experiments.md``). With more items than hash buckets the rows
   would be shared and the table meaningless, so the side must also fit in the buckets.
+* **Transition counts on a bipartite stream.** When sources and destinations never
+  share an id, each node also keeps a hashed count of where its counterparts had been
+  just before (``transition_buckets``, ``TRANSITION_BUCKETS``; ``model/transition_counts.py``):
+  for an item, which items its visitors came from, the online "what follows what"
+  table that no node's own events can learn. MOOC, seed 0, 2 epochs: validation AP
+  91.1 -> 94.9, test 90.0 -> 94.3; Wikipedia, seed 0: test AP 98.65 / 94.45 / 93.57 ->
+  98.81 / 95.11 / 94.16 (docs/results/mooc-experiments.md, "Fifth round").
 * **Historical training negatives, whatever the share of repeated pairs.** Where pairs
   recur, random negatives alone teach the head that "met before" means "positive",
   which historical and inductive evaluation negatives are built to defeat (on UCI:
@@ -88,6 +95,7 @@ DENSE_SNAPSHOT_NODE_EVENTS = 32  # a node's events in one snapshot (median) abov
 SNAPSHOT_PATIENCE = 10  # ...epochs are chosen on the mean of 3 validation APs, with this patience
 SNAPSHOTS_IN_LIST = 1  # snapshots' worth of a typical node's events its list should hold
 SNAPSHOT_LIST_MAX = 256  # the longest list that rule picks (16 bytes an entry in the blob)
+TRANSITION_BUCKETS = 256  # transition-count buckets on bipartite streams (4 bytes each)
 
 
 @dataclass(frozen=True)
@@ -173,6 +181,15 @@ def choose_settings(
             f"bipartite with {profile.destinations} destinations (<= {ITEM_SIDE_MAX}):"
             " identity match (width 128, depth 3) over lists of 128"
         )
+    # The snapshot pair features, role counts and transition counts are pair features:
+    # a model without them (the ablation's "state only") gets none of those rules.
+    pair_features = bool(explicit_config.get("use_pair_features", True))
+    if profile.bipartite and pair_features and "transition_buckets" not in explicit_config:
+        auto.config["transition_buckets"] = TRANSITION_BUCKETS
+        auto.reasons.append(
+            f"bipartite: transition counts ({TRANSITION_BUCKETS} buckets), where each node's"
+            " counterparts had been just before"
+        )
     if explicit_historical is None:
         auto.historical_negatives = HISTORICAL_SHARE
         # Where pairs recur, random negatives teach that "met before" means positive;
@@ -193,14 +210,23 @@ def choose_settings(
             )
     else:
         auto.visibility = explicit_visibility
-    if auto.visibility == "batch" and "snapshot_pair_features" not in explicit_config:
+    if (
+        auto.visibility == "batch"
+        and pair_features
+        and "snapshot_pair_features" not in explicit_config
+    ):
         auto.config["snapshot_pair_features"] = True
         auto.reasons.append(
             "batch visibility: the head also counts each node's events of the snapshot so far"
             " and of the one before (snapshot pair features)"
         )
     counts_chosen = "role_counts" in explicit_config
-    if auto.visibility == "batch" and profile.snapshot_spacing > 0 and not counts_chosen:
+    if (
+        auto.visibility == "batch"
+        and profile.snapshot_spacing > 0
+        and pair_features
+        and not counts_chosen
+    ):
         auto.config["role_counts"] = True
         if "role_count_unit" not in explicit_config:
             auto.config["role_count_unit"] = profile.snapshot_spacing

@@ -2,7 +2,7 @@
 
     python -m training.results --data ../shared/data --out runs/results --doc docs/RESULTS.md
         [--datasets uci,canparl,uslegis,mooc,wikipedia] [--epochs N] [--max-train-events N]
-        [--no-ablation | --variants full,state_only,features_only] [--no-baselines] [--mrr-k K]
+        [--no-ablation | --variants full,state_only,features_only,no_transitions] [--no-baselines] [--mrr-k K]
         [--reuse] [--render-only]
     python -m training.results --node-classification [--datasets wikipedia,mooc]
         [--nc-base NAME=LINK_CHECKPOINT ...] [--nc-seeds 0,1,2]
@@ -14,8 +14,10 @@ Per dataset (folder ``OUT/<name>/``):
    transductive and inductive, random / historical / inductive negatives, MRR.
 2. baselines on the same queries: EdgeBank (unlimited memory) and "recompute" (each
    query re-scans both endpoints' last L events from the initial state).
-3. ablation (same budget): ``state_only/`` (use_pair_features=False) and
-   ``features_only/`` (use_state=False), evaluated on test (transductive, all negatives).
+3. ablation (same budget): ``state_only/`` (use_pair_features=False),
+   ``features_only/`` (use_state=False) and, where the trainer kept transition counts,
+   ``no_transitions/`` (transition_buckets=0), evaluated on test (transductive, all
+   negatives).
 
 Each step writes ``summary.json``; ``--reuse`` skips steps whose outputs exist, and
 the document is rendered from whatever summaries exist (``--render-only``), so long
@@ -256,9 +258,13 @@ def run_dataset(
         "full": dict(base),
         "state_only": {**base, "use_pair_features": False, "identity_match_dim": 0},
         "features_only": {**base, "use_state": False},
+        "no_transitions": {**base, "transition_buckets": 0},
     }
     for variant, cfg in ((v, variants[v]) for v in wanted):
         vdir = out / variant
+        full_config = _get(summary, "variants", "full", "train", "config") or {}
+        if variant == "no_transitions" and not full_config.get("transition_buckets"):
+            continue  # the trainer kept no transition counts here: nothing to take away
         if not (
             reuse and (vdir / "metrics.json").exists() and variant in summary.get("variants", {})
         ):
@@ -521,9 +527,10 @@ def render(summaries: list[dict[str, Any]], doc: Path, out_root: Path) -> None:
         "full": "state + pair features (default)",
         "state_only": "SSM state only (use_pair_features=False)",
         "features_only": "pair/activity features only (use_state=False)",
+        "no_transitions": "without transition counts (transition_buckets=0)",
     }
     for s in summaries:
-        for variant in ("full", "state_only", "features_only"):
+        for variant in ("full", "state_only", "features_only", "no_transitions"):
             v = _get(s, "variants", variant)
             if not v:
                 continue
@@ -687,7 +694,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--variants",
-        default="full,state_only,features_only",
+        default="full,state_only,features_only,no_transitions",
         help="which models to train and evaluate",
     )
     ap.add_argument("--no-baselines", action="store_true")
@@ -706,7 +713,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.node_classification:  # only the node-classification section
         torch.set_num_threads(args.threads)
         return node_results.run_from_args(args)
-    unknown = set(args.variants.split(",")) - {"full", "state_only", "features_only", ""}
+    unknown = set(args.variants.split(",")) - {
+        "full",
+        "state_only",
+        "features_only",
+        "no_transitions",
+        "",
+    }
     if unknown:
         ap.error(f"unknown variant(s) {sorted(unknown)}")
     torch.set_num_threads(args.threads)

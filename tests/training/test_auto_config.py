@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from model.config import ModelConfig
 from training.auto_config import (
     DENSE_SNAPSHOT_NODE_EVENTS,
     HISTORICAL_SHARE,
@@ -14,6 +15,7 @@ from training.auto_config import (
     SNAPSHOT_LIST_MAX,
     SNAPSHOT_PATIENCE,
     SNAPSHOT_SHARE_MIN,
+    TRANSITION_BUCKETS,
     StreamProfile,
     choose_settings,
     snapshot_list_len,
@@ -47,6 +49,9 @@ def test_bipartite_stream_with_few_items_gets_the_identity_match(data_dir) -> No
     assert chosen.config["identity_match_dim"] == 128
     assert chosen.config["neighbour_list_len"] == 128
     assert any("bipartite" in r for r in chosen.reasons)
+    # ...and the transition counts: which items each item's visitors came from.
+    assert chosen.config["transition_buckets"] == TRANSITION_BUCKETS
+    assert any("transition counts" in r for r in chosen.reasons)
 
 
 def test_unipartite_stream_keeps_the_defaults(data_dir) -> None:
@@ -54,16 +59,29 @@ def test_unipartite_stream_keeps_the_defaults(data_dir) -> None:
     assert not p.bipartite
     chosen = choose_settings(p, {}, None)
     assert "identity_match_dim" not in chosen.config
+    assert "transition_buckets" not in chosen.config
     # UCI's pairs recur: historical negatives are mixed in.
     assert p.repeat_share >= 0.3 and chosen.historical_negatives == HISTORICAL_SHARE
 
 
 def test_explicit_settings_win(data_dir) -> None:
     p = _profile(data_dir, "mooc")
-    chosen = choose_settings(p, {"neighbour_list_len": 32}, 0.0)
+    chosen = choose_settings(p, {"neighbour_list_len": 32, "transition_buckets": 0}, 0.0)
     assert chosen.config == {} and chosen.historical_negatives == 0.0
     # Too many items for the hash buckets: no match.
     assert "identity_match_dim" not in choose_settings(p, {"node_hash_buckets": 16}, None).config
+
+
+def test_a_model_without_pair_features_gets_no_pair_feature_rules(data_dir) -> None:
+    """The ablation's "state only" model: the counts that are pair features (snapshot
+    counts, role counts, transition counts) would not validate without them."""
+    for name in ("mooc", "uslegis"):
+        chosen = choose_settings(_profile(data_dir, name), {"use_pair_features": False}, None)
+        picked = {"snapshot_pair_features", "role_counts", "transition_buckets"} & set(
+            chosen.config
+        )
+        assert not picked, (name, picked)
+        ModelConfig().with_updates(**chosen.config, use_pair_features=False)  # validates
 
 
 def test_historical_negatives_also_where_no_pair_recurs() -> None:

@@ -51,6 +51,10 @@ def test_render_contains_paper_and_ours(tmp_path) -> None:
                 },
                 "eval": {"test": {"transductive": strat}},
             },
+            "no_transitions": {
+                "train": {"history": [{}], "mean_epoch_time_s": 50.0},
+                "eval": {"test": {"transductive": {**strat, "random": _m(0.91)}}},
+            },
         },
         "baselines": {
             "edgebank": {"test": {"transductive": strat}},
@@ -66,6 +70,7 @@ def test_render_contains_paper_and_ours(tmp_path) -> None:
     assert (
         "pair/activity features only (use_state=False) + identity match (width 16, depth 2)" in text
     )
+    assert "| UCI | without transition counts (transition_buckets=0) | 91.00 | 83.00 | 79.00 |" in text
     # Without seed statistics the goal table shows the single run beside the best published.
     assert "| UCI | 97.00 / 97.35 TPNet | 83.00 / 93.96 PINT | 79.00 / 83.61 PINT |" in text
 
