@@ -125,8 +125,8 @@ def stage_rows(rt: ModelRuntime, redis_url: str, data: Path, reps: int = 3) -> l
         if LOOKUPS in row:  # timed inside the advance: count it once
             row[advance] -= row[LOOKUPS]
         row["the rest (events to and from the store's types, the applier's bookkeeping)"] = (
-            total - sum(spent.values())
-        ) * per
+            total * per - sum(row.values())
+        )
         row["total"] = total * per
         row["of which Redis time (EVALSHA + MGET, commandstats)"] = _redis_usec(r) * per / 1e6
         runs.append(row)

@@ -223,13 +223,19 @@ class ModelRuntime:
             [blobs[i] for i in order],
             [per_node[i] for i in order],
         )
+        states, lists = self.decode(blobs)
         previous = None
         if self.config.transition_buckets:
             log = log or self.log
             if log is None:
                 raise ValueError("this model keeps transition counts: advancing needs the log")
-            previous = counterparts_previous(log, nodes, [new_events[i] for i in order])
-        states, lists = self.decode(blobs)
+            previous = counterparts_previous(
+                log,
+                nodes,
+                [new_events[i] for i in order],
+                states.last_seq.tolist(),
+                lists.keys[:, -1].tolist() if lists.keys.shape[1] else [PAD] * len(nodes),
+            )
         new = self.kernels.advance(states.to(self.device), per_node).to("cpu")
         return dict(
             zip(nodes, self.codec.encode_many(new, lists.extended(per_node, previous)), strict=True)
@@ -253,26 +259,56 @@ def distinct_nodes(pairs: Sequence[Pair]) -> list[str]:
 
 
 def counterparts_previous(
-    log: EventLog, nodes: list[str], new_events: list[list[LoggedEvent]]
+    log: EventLog,
+    nodes: list[str],
+    new_events: list[list[LoggedEvent]],
+    watermarks: list[int],
+    latest_keys: list[int],
 ) -> list[list[int]]:
     """Per node and entry (``node_events``' entries: a self-loop is two), the key of the
-    other endpoint's neighbour before the event, from the log's histories in one
-    round trip (model/transition_counts.py; ``transition_counts.PAD``: none)."""
+    other endpoint's neighbour before the event (model/transition_counts.py;
+    ``transition_counts.PAD``: none): what ``log.neighbours_before`` answers.
+
+    Most answers are already in hand: when the other endpoint c is advanced in the
+    same call from a blob that has not yet applied the event (``watermarks``: each
+    node's applied seq), c's new events are its history after that blob, so
+    its neighbour before the event is the other endpoint of its new event before it,
+    or, before its first new one, its blob's newest list entry (``latest_keys``).
+    The rest (c not here, or already past the event: another writer, a crash
+    between two nodes' writes, a rebuild of one node) is asked of the log, in one
+    round trip."""
+    at = {node: i for i, node in enumerate(nodes)}
+    position = [{e.seq: j for j, e in enumerate(events)} for events in new_events]
+    out: list[list[int]] = []
     asked: list[str] = []
     seqs: list[int] = []
+    # (row, first entry, entries: 2 for a self-loop) of each answer to ask the log for
+    holes: list[tuple[int, int, int]] = []
     for node, events in zip(nodes, new_events, strict=True):
+        row: list[int] = []
         for e in events:
-            asked.append(other_endpoint(e, node))
-            seqs.append(e.seq)
-    found = log.neighbours_before(asked, seqs)
-    keys = iter([PAD if n is None else node_key(n) for n in found])
-    out = []
-    for events in new_events:
-        row = []
-        for e in events:
-            k = next(keys)
-            row += [k, k] if e.src == e.dst else [k]
+            other = other_endpoint(e, node)
+            c = at.get(other)
+            key = PAD
+            # (c's new events run contiguously from its watermark, but may end before
+            # an event a concurrent writer logged later: that one is asked of the log)
+            j = -1 if c is None or watermarks[c] >= e.seq else position[c].get(e.seq, -1)
+            if j >= 0:
+                assert c is not None
+                key = (
+                    node_key(other_endpoint(new_events[c][j - 1], other))
+                    if j > 0
+                    else latest_keys[c]
+                )
+            else:
+                holes.append((len(out), len(row), 2 if e.src == e.dst else 1))
+                asked.append(other)
+                seqs.append(e.seq)
+            row += [key, key] if e.src == e.dst else [key]
         out.append(row)
+    if asked:
+        for (r, k, n), found in zip(holes, log.neighbours_before(asked, seqs), strict=True):
+            out[r][k : k + n] = [PAD if found is None else node_key(found)] * n
     return out
 
 

@@ -75,3 +75,55 @@ def test_a_partitioned_log_refuses_the_model(redis_server, counting_checkpoint, 
         assert engine.runtime.log is store
     finally:
         store.close()
+
+
+def test_answers_in_hand_equal_the_logs(data_dir):
+    """``counterparts_previous`` answers most events from the nodes advanced in the same
+    call (their new events, their blobs' newest list entries) and asks the log only for
+    the rest. Whatever is in hand, the answers are the log's: here every node of a
+    UCI slice (with self-loops added) is advanced at once from its blob after a random
+    cut of its history, with some nodes left out, some already past the cut, and cold
+    ones from nothing."""
+    import random
+
+    from model.node_ids import node_key
+    from model.transition_counts import PAD
+    from service.engine import counterparts_previous
+    from state_store.base import NewEvent
+    from state_store.common import other_endpoint
+    from state_store.memory import InMemoryStore
+
+    stream = read_edge_stream(data_dir / "uci", limit=3000)
+    store = InMemoryStore()
+    events = [
+        NewEvent(str(s), str(d), float(t))
+        for s, d, t in zip(stream.src, stream.dst, stream.t, strict=True)
+    ]
+    events += [NewEvent(e.src, e.src, e.t) for e in events[::97]]  # self-loops
+    events.sort(key=lambda e: e.t)
+    store.append_events(events)
+    nodes = sorted({e.src for e in events} | {e.dst for e in events})
+    histories = dict(zip(nodes, store.read_histories(nodes), strict=True))
+    rng = random.Random(0)
+    here, watermarks, latest, new_events = [], [], [], []
+    for n in nodes:
+        if rng.random() < 0.2:
+            continue  # not in this call: its partners ask the log
+        h = histories[n]
+        cut = rng.randrange(len(h) + 1) if rng.random() < 0.7 else 0  # 30% cold
+        applied, new = h[:cut], h[cut:]
+        here.append(n)
+        watermarks.append(applied[-1].seq if applied else -1)
+        latest.append(node_key(other_endpoint(applied[-1], n)) if applied else PAD)
+        new_events.append(new)
+    got = counterparts_previous(store, here, new_events, watermarks, latest)
+    asked = 0
+    for n, new, row in zip(here, new_events, got, strict=True):
+        expected = []
+        for e in new:
+            found = store.neighbours_before([other_endpoint(e, n)], [e.seq])[0]
+            key = PAD if found is None else node_key(found)
+            expected += [key, key] if e.src == e.dst else [key]
+            asked += 1
+        assert row == expected, n
+    assert asked > 2000 and sum(k != PAD for row in got for k in row) > 1000
