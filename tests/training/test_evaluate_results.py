@@ -70,7 +70,9 @@ def test_render_contains_paper_and_ours(tmp_path) -> None:
     assert (
         "pair/activity features only (use_state=False) + identity match (width 16, depth 2)" in text
     )
-    assert "| UCI | without transition counts (transition_buckets=0) | 91.00 | 83.00 | 79.00 |" in text
+    assert (
+        "| UCI | without transition counts (transition_buckets=0) | 91.00 | 83.00 | 79.00 |" in text
+    )
     # Without seed statistics the goal table shows the single run beside the best published.
     assert "| UCI | 97.00 / 97.35 TPNet | 83.00 / 93.96 PINT | 79.00 / 83.61 PINT |" in text
 
