@@ -146,8 +146,9 @@ def partition_rows(rt: ModelRuntime, redis_url: str, data: Path) -> list[str]:
         for size in (10, 100, 1000):
             r.flushall()
             store = make_store(redis_url, partitions=partitions)
+            zeros = (0.0,) * rt.config.edge_feature_dim  # a featured stream's width (MOOC: 4)
             new = [
-                NewEvent(str(s.src[i]), str(s.dst[i]), float(s.t[i]), (), f"p{size}-{i}")
+                NewEvent(str(s.src[i]), str(s.dst[i]), float(s.t[i]), zeros, f"p{size}-{i}")
                 for i in range(len(s))
             ]
             for lo in range(0, 2000, 500):  # warm: states exist, as in a running deployment
