@@ -127,3 +127,27 @@ def test_answers_in_hand_equal_the_logs(data_dir):
             asked += 1
         assert row == expected, n
     assert asked > 2000 and sum(k != PAD for row in got for k in row) > 1000
+
+
+def test_a_reload_to_the_model_on_a_partitioned_log_is_refused(redis_server, tmp_path):
+    """Over HTTP: a replica on the partitioned log keeps serving what it serves and
+    answers 422 with the reason, and the store's serving version does not move."""
+    make_checkpoint(tmp_path / "models" / "plain", seed=3)
+    make_checkpoint(tmp_path / "models" / "counting", seed=3, transition_buckets=16)
+    redis_server.flush()
+    svc = start_service(
+        tmp_path,
+        {
+            "DYGSERVE_CHECKPOINT": str(tmp_path / "models" / "plain"),
+            "DYGSERVE_REDIS_URL": redis_server.url,
+            "DYGSERVE_STORE__PARTITIONS": "4",
+        },
+    )
+    try:
+        with svc.client() as client:
+            before = client.get("/v1/model").json()["model_version"]
+            r = client.post("/v1/admin/reload", json={"checkpoint": "counting"})
+            assert r.status_code == 422 and "transition counts" in r.text, r.text
+            assert client.get("/v1/model").json()["model_version"] == before
+    finally:
+        svc.stop()
