@@ -18,6 +18,35 @@ from training import evaluate
 from training.data import chronological_split, read_edge_stream
 
 
+def offline_scores(ckpt, data, tmp_path) -> tuple[np.ndarray, list, list[str]]:
+    """The evaluator's test-split logits (random negatives, transductive), its queries,
+    and the arguments it ran with (for a variant run)."""
+    scores_file = tmp_path / "offline.csv"
+    args = ["--checkpoint", str(ckpt), "--data", str(data), "--splits", "test"]
+    args += ["--strategies", "random", "--settings", "transductive", "--mrr-k", "0"]
+    rc = evaluate.main([*args, "--write-scores", str(scores_file), "--out", str(tmp_path / "e")])
+    assert rc == 0
+    with open(scores_file, newline="") as fh:
+        offline = np.array([float(r["logit"]) for r in csv.DictReader(fh)])
+    return offline, read_queries(scores_file), args
+
+
+def served_scores(redis_server, ckpt, data, tmp_path, queries, visibility: str) -> np.ndarray:
+    """The same queries answered by the service over HTTP on a fresh Redis, the stream
+    replayed into it as the evaluator's visibility has it."""
+    redis_server.flush()
+    svc = start_service(
+        tmp_path, {"DYGSERVE_REDIS_URL": redis_server.url, "DYGSERVE_CHECKPOINT": str(ckpt)}
+    )
+    try:
+        stream = read_edge_stream(data)
+        split = chronological_split(stream)
+        client = ServiceClient(svc.url, None)
+        return np.array(replay(client, stream, split.test_time, queries, visibility=visibility))
+    finally:
+        svc.stop()
+
+
 def test_replay_over_http_equals_offline_evaluator(redis_server, data_dir, tmp_path):
     data = data_dir / "uci" / "edges.csv.gz"
     scores_file = tmp_path / "offline.csv"
@@ -89,27 +118,9 @@ def test_batch_visibility_replay_over_http_equals_offline_evaluator(
     # beside each list in Redis and read back for every query).
     model_config = json.loads((ckpt / "config.json").read_text())["model"]
     assert model_config["snapshot_pair_features"] and model_config["role_counts"]
-    scores_file = tmp_path / "offline.csv"
-    args = ["--checkpoint", str(ckpt), "--data", str(data), "--splits", "test"]
-    args += ["--strategies", "random", "--settings", "transductive", "--mrr-k", "0"]
-    rc = evaluate.main([*args, "--write-scores", str(scores_file), "--out", str(tmp_path / "e")])
-    assert rc == 0
+    offline, queries, args = offline_scores(ckpt, data, tmp_path)
     assert json.loads((tmp_path / "e" / "metrics.json").read_text())["visibility"] == "batch"
-    with open(scores_file, newline="") as fh:
-        offline = np.array([float(r["logit"]) for r in csv.DictReader(fh)])
-    queries = read_queries(scores_file)
-
-    redis_server.flush()
-    svc = start_service(
-        tmp_path, {"DYGSERVE_REDIS_URL": redis_server.url, "DYGSERVE_CHECKPOINT": str(ckpt)}
-    )
-    try:
-        stream = read_edge_stream(data)
-        split = chronological_split(stream)
-        client = ServiceClient(svc.url, None)
-        served = np.array(replay(client, stream, split.test_time, queries, visibility="batch"))
-    finally:
-        svc.stop()
+    served = served_scores(redis_server, ckpt, data, tmp_path, queries, "batch")
 
     diff = np.abs(served - offline)
     assert np.isfinite(served).all() and diff.max() <= 1e-4, f"max diff {diff.max():.2e}"
@@ -144,25 +155,9 @@ def test_transition_counts_replay_over_http_equals_offline_evaluator(
     ckpt = tmp_path / "ckpt"
     config = {"d_model": 8, "d_state": 4, "transition_buckets": 32}
     version = train(data, ckpt, config, epochs=1, progress=False, test_eval=False)
-    scores_file = tmp_path / "offline.csv"
-    args = ["--checkpoint", str(ckpt), "--data", str(data), "--splits", "test"]
-    args += ["--strategies", "random", "--settings", "transductive", "--mrr-k", "0"]
-    rc = evaluate.main([*args, "--write-scores", str(scores_file), "--out", str(tmp_path / "e")])
-    assert rc == 0
-    with open(scores_file, newline="") as fh:
-        offline = np.array([float(r["logit"]) for r in csv.DictReader(fh)])
-    queries = read_queries(scores_file)
-
-    redis_server.flush()
-    svc = start_service(
-        tmp_path, {"DYGSERVE_REDIS_URL": redis_server.url, "DYGSERVE_CHECKPOINT": str(ckpt)}
-    )
-    try:
-        stream = read_edge_stream(data)
-        split = chronological_split(stream)
-        served = np.array(replay(ServiceClient(svc.url, None), stream, split.test_time, queries))
-    finally:
-        svc.stop()
+    offline, queries, _ = offline_scores(ckpt, data, tmp_path)
+    served = served_scores(redis_server, ckpt, data, tmp_path, queries, "exact")
+    stream = read_edge_stream(data)
 
     diff = np.abs(served - offline)
     assert np.isfinite(served).all() and diff.max() <= 1e-4, f"max diff {diff.max():.2e}"
