@@ -28,7 +28,7 @@ from .link_model import DygMambaLinkModel, head_inputs
 from .node_state import PAD_KEY
 from .role_counts import role_count_features
 from .ssm import _FLOOR_FACTOR, LOG_DECAY_FLOOR, MAX_GAP_UNITS
-from .transition_counts import TRANSITION_DEPTH, bucket_of, transition_features
+from .transition_counts import TRANSITION_DEPTH, DenseTransitions, transition_features
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -228,20 +228,14 @@ class NumpyScorer:
         tau: np.ndarray,
     ) -> np.ndarray:
         """``pair_features.transition_inputs`` on numpy rows."""
-        b = self.config.transition_buckets
-        latest_u = bucket_of(
-            latest_visible_neighbours(nbr[iu], nbr_t[iu], tau, TRANSITION_DEPTH), b
+        records = DenseTransitions(counts)
+        return transition_features(
+            records.select(iu),
+            records.select(iv),
+            latest_visible_neighbours(nbr[iu], nbr_t[iu], tau, TRANSITION_DEPTH),
+            latest_visible_neighbours(nbr[iv], nbr_t[iv], tau, TRANSITION_DEPTH),
+            self.config.transition_buckets,
         )
-        latest_v = bucket_of(
-            latest_visible_neighbours(nbr[iv], nbr_t[iv], tau, TRANSITION_DEPTH), b
-        )
-
-        def at(rows: np.ndarray, buckets: np.ndarray) -> np.ndarray:
-            got = counts[rows[:, None], np.maximum(buckets, 0)]
-            return np.where(buckets >= 0, got, 0.0)
-
-        totals = counts.sum(1, dtype=np.float64)
-        return transition_features(at(iv, latest_u), totals[iv], at(iu, latest_v), totals[iu])
 
     # ----- the whole call ------------------------------------------------------------
     def score_nodes(

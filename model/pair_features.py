@@ -38,12 +38,7 @@ from .config import ModelConfig, TimeNormalisation
 from .node_state import PAD_KEY, NeighbourLists, NodeStates
 from .role_counts import ROLE_COUNT_FEATURES, role_count_features
 from .time_encoding import standardised_log_span
-from .transition_counts import (
-    TRANSITION_DEPTH,
-    bucket_of,
-    transition_feature_dim,
-    transition_features,
-)
+from .transition_counts import TRANSITION_DEPTH, transition_feature_dim, transition_features
 
 PAIR_FEATURE_DIM = 11
 SNAPSHOT_FEATURE_DIM = 4  # ModelConfig.snapshot_pair_features: 2 per endpoint
@@ -265,10 +260,11 @@ def transition_inputs(
     latest_u = latest_visible_neighbours(lists_u.keys, lists_u.times, tau, TRANSITION_DEPTH)
     latest_v = latest_visible_neighbours(lists_v.keys, lists_v.times, tau, TRANSITION_DEPTH)
     feats = transition_features(
-        lists_v.transitions.at(bucket_of(latest_u.cpu().numpy(), buckets)),
-        lists_v.transitions.totals(),
-        lists_u.transitions.at(bucket_of(latest_v.cpu().numpy(), buckets)),
-        lists_u.transitions.totals(),
+        lists_u.transitions,
+        lists_v.transitions,
+        latest_u.cpu().numpy(),
+        latest_v.cpu().numpy(),
+        buckets,
     )
     return torch.from_numpy(feats).to(lists_u.keys.device)
 

@@ -81,11 +81,22 @@ def counterpart_previous(
 
 
 def transition_features(
-    at_v: np.ndarray, total_v: np.ndarray, at_u: np.ndarray, total_u: np.ndarray
+    records_u: TransitionCounts,
+    records_v: TransitionCounts,
+    latest_u: np.ndarray,
+    latest_v: np.ndarray,
+    buckets: int,
 ) -> np.ndarray:
-    """(N, transition_feature_dim) float32 head inputs: log1p of v's counts at u's
-    latest neighbours (N, TRANSITION_DEPTH) and of v's total, then u's at v's."""
-    cols = [at_v, total_v[:, None], at_u, total_u[:, None]]
+    """(N, transition_feature_dim) float32 head inputs of pairs (u_i, v_i): log1p of v's
+    counts at the buckets of u's latest neighbours (``latest_u``: (N, TRANSITION_DEPTH)
+    keys, PAD where fewer) and of v's total, then u's at v's. The torch and numpy
+    scorers both call it with their own latest neighbours."""
+    cols = [
+        records_v.at(bucket_of(latest_u, buckets)),
+        records_v.totals()[:, None],
+        records_u.at(bucket_of(latest_v, buckets)),
+        records_u.totals()[:, None],
+    ]
     return np.log1p(np.concatenate(cols, axis=1).astype(np.float32))
 
 

@@ -69,7 +69,6 @@ class StreamReplay:
         self.records = empty_records(n) if model.config.role_counts else None
         self.buckets = model.config.transition_buckets
         self.transitions = empty_counts(n, self.buckets) if self.buckets else None
-        self.latest: dict[int, int] = {}  # node key -> its latest neighbour's key
         self.applied = 0
 
     def per_node_events(self, events: np.ndarray) -> tuple[np.ndarray, list[list[NodeEvent]]]:
@@ -121,6 +120,19 @@ class StreamReplay:
             self.states.last_seq[sel] = new.last_seq
             self.states.n_events[sel] = new.n_events
             start = stop
+        if self.transitions is not None:  # before the lists move past these events
+            d = self.data
+            # each node's latest neighbour so far: the newest entry of its list
+            latest = dict(
+                zip(d.keys[nodes].tolist(), self.nbr_keys[nodes, -1].tolist(), strict=True)
+            )
+            idx = np.asarray(events, dtype=np.int64)
+            for_src, for_dst = counterpart_previous(
+                d.keys[d.src[idx]].tolist(), d.keys[d.dst[idx]].tolist(), latest
+            )
+            rows = np.concatenate([d.src[idx], d.dst[idx]])
+            prev = np.array(for_src + for_dst, dtype=np.int64)
+            add_counts(self.transitions, rows, prev, self.buckets)
         for node, evs in zip(nodes.tolist(), lists, strict=True):
             k = min(len(evs), self.length)
             tail = evs[-k:]
@@ -130,15 +142,6 @@ class StreamReplay:
             self.nbr_t[node, self.length - k :] = [e.t for e in tail]
         if self.records is not None:
             self.records[nodes] = advance_records(self.records[nodes], lists)
-        if self.transitions is not None:
-            idx = np.asarray(events, dtype=np.int64)
-            d = self.data
-            for_src, for_dst = counterpart_previous(
-                d.keys[d.src[idx]].tolist(), d.keys[d.dst[idx]].tolist(), self.latest
-            )
-            rows = np.concatenate([d.src[idx], d.dst[idx]])
-            prev = np.array(for_src + for_dst, dtype=np.int64)
-            add_counts(self.transitions, rows, prev, self.buckets)
         self.applied += len(events)
 
     def neighbour_lists(self, nodes: np.ndarray) -> NeighbourLists:
