@@ -58,7 +58,6 @@ from state_store.base import EventLog, LoggedEvent, NewEvent, StateStore, StoreU
 from state_store.blob_header import read_watermark
 from state_store.common import other_endpoint
 from state_store.faults import AFTER_LOG, maybe_crash
-from state_store.layout import TRANSITIONS_NEED_ONE_LOG, LayoutMismatch
 from state_store.versions import NO_MARK, VersionMarks
 
 from . import metrics
@@ -164,10 +163,7 @@ class ModelRuntime:
         self.log: EventLog | None = None
 
     def paired_with(self, log: EventLog) -> ModelRuntime:
-        """This runtime, advancing with ``log`` (itself, for chaining). A model with
-        transition counts refuses a partitioned log (``LayoutMismatch``)."""
-        if self.config.transition_buckets and getattr(log, "partitions", 1) > 1:
-            raise LayoutMismatch(TRANSITIONS_NEED_ONE_LOG)
+        """This runtime, advancing with ``log`` (itself, for chaining)."""
         self.log = log
         return self
 
@@ -233,7 +229,6 @@ class ModelRuntime:
                 log,
                 nodes,
                 [new_events[i] for i in order],
-                states.last_seq.tolist(),
                 lists.keys[:, -1].tolist() if lists.keys.shape[1] else [PAD] * len(nodes),
             )
         new = self.kernels.advance(states.to(self.device), per_node).to("cpu")
@@ -262,7 +257,6 @@ def counterparts_previous(
     log: EventLog,
     nodes: list[str],
     new_events: list[list[LoggedEvent]],
-    watermarks: list[int],
     latest_keys: list[int],
 ) -> list[list[int]]:
     """Per node and entry (``node_events``' entries: a self-loop is two), the key of the
@@ -270,18 +264,25 @@ def counterparts_previous(
     ``transition_counts.PAD``: none): what ``log.neighbours_before`` answers.
 
     Most answers are already in hand: when the other endpoint c is advanced in the
-    same call from a blob that has not yet applied the event (``watermarks``: each
-    node's applied seq), c's new events are its history after that blob, so
-    its neighbour before the event is the other endpoint of its new event before it,
-    or, before its first new one, its blob's newest list entry (``latest_keys``).
-    The rest (c not here, or already past the event: another writer, a crash
-    between two nodes' writes, a rebuild of one node) is asked of the log, in one
-    round trip."""
+    same call and the event is among c's new events (the history after c's blob), c's
+    neighbour before the event is the other endpoint of c's new event before it, or,
+    before its first new one, its blob's newest list entry (``latest_keys``). The
+    rest (c not here, or already past the event: another writer, a crash between two
+    nodes' writes, a rebuild of one node) is asked of the log, in one round trip.
+
+    An event is matched across the two nodes' histories by seq on one log; on a
+    partitioned log each endpoint's partition holds its own copy under its own seq, so
+    there by the event's id (every event spanning two partitions has one)."""
+    partitioned = getattr(log, "partitions", 1) > 1
+
+    def identity(e: LoggedEvent) -> int | str:
+        return (e.event_id or e.seq) if partitioned else e.seq
+
     at = {node: i for i, node in enumerate(nodes)}
-    position = [{e.seq: j for j, e in enumerate(events)} for events in new_events]
+    position = [{identity(e): j for j, e in enumerate(events)} for events in new_events]
     out: list[list[int]] = []
     asked: list[str] = []
-    seqs: list[int] = []
+    asked_events: list[LoggedEvent] = []
     # (row, first entry, entries: 2 for a self-loop) of each answer to ask the log for
     holes: list[tuple[int, int, int]] = []
     for node, events in zip(nodes, new_events, strict=True):
@@ -292,7 +293,7 @@ def counterparts_previous(
             key = PAD
             # (c's new events run contiguously from its watermark, but may end before
             # an event a concurrent writer logged later: that one is asked of the log)
-            j = -1 if c is None or watermarks[c] >= e.seq else position[c].get(e.seq, -1)
+            j = -1 if c is None else position[c].get(identity(e), -1)
             if j >= 0:
                 assert c is not None
                 key = (
@@ -303,11 +304,12 @@ def counterparts_previous(
             else:
                 holes.append((len(out), len(row), 2 if e.src == e.dst else 1))
                 asked.append(other)
-                seqs.append(e.seq)
+                asked_events.append(e)
             row += [key, key] if e.src == e.dst else [key]
         out.append(row)
     if asked:
-        for (r, k, n), found in zip(holes, log.neighbours_before(asked, seqs), strict=True):
+        found_all = log.neighbours_before(asked, asked_events)
+        for (r, k, n), found in zip(holes, found_all, strict=True):
             out[r][k : k + n] = [PAD if found is None else node_key(found)] * n
     return out
 

@@ -26,7 +26,6 @@ from pathlib import Path
 
 from model.checkpoint import CheckpointError
 from state_store.faults import AT_RELOAD, maybe_crash
-from state_store.layout import LayoutMismatch
 from state_store.versions import ServingModel
 
 from . import metrics
@@ -109,7 +108,7 @@ class ModelFollower:
                 return False
         try:
             runtime = self.load(serving)
-        except (CheckpointError, OSError, ValueError, LayoutMismatch) as exc:
+        except (CheckpointError, OSError, ValueError) as exc:
             self._failed = (serving, time.monotonic())
             self.last_error = f"cannot load {serving.checkpoint!r} ({serving.version}): {exc}"
             log.warning("still serving %s: %s", current.version, self.last_error)
@@ -131,7 +130,7 @@ class ModelFollower:
             raise CheckpointError(
                 f"{serving.checkpoint!r} holds version {runtime.version}, the store serves {serving.version}"
             )
-        return runtime.paired_with(self.engine.store)  # a model this store's log can advance
+        return runtime
 
     def publish_and_switch(self, runtime: ModelRuntime) -> str:
         """A reload: make ``runtime`` the store's serving version, then this worker's.

@@ -44,7 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
-from .base import AppendResult, LoggedEvent, NewEvent, StateStore, StoreUnavailable
+from .base import AppendResult, HeldByDoubt, LoggedEvent, NewEvent, StateStore, StoreUnavailable
 from .blob_header import read_watermark
 from .faults import AFTER_PARTIAL_WRITE, BEFORE_MARK, fault_active, maybe_crash
 
@@ -256,7 +256,14 @@ def apply_nodes(
         starts = list(blobs)
         for i in read:
             starts[i] = catch_up_start(blobs[i], histories[i], store.history_cap)
-        new = advance(sel_nodes, [starts[i] for i in sel], [histories[i] for i in sel])
+        try:
+            new = advance(sel_nodes, [starts[i] for i in sel], [histories[i] for i in sel])
+        except HeldByDoubt:
+            # a transition-count lookup met a copy in doubt (partitioned log): wait a
+            # round, as for nodes held by one, and read again
+            stats.in_doubt_waits += len(sel)
+            time.sleep(random.uniform(0, CONFLICT_BACKOFF_S * stats.rounds))
+            continue
         missing = [n for n in sel_nodes if n not in new]
         if missing:
             raise ValueError(f"advance returned no blob for {missing[:5]}")

@@ -113,6 +113,18 @@ class StoreUnavailable(Exception):
         return self.reason in UNREACHABLE_REASONS
 
 
+class HeldByDoubt(StoreUnavailable):
+    """A partitioned log cannot answer yet: the entry just before an event in a node's
+    history is a copy in doubt, which may still be aborted. As for a node held by a
+    copy in doubt, the apply waits a round and asks again (a 503 if it stays)."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        super().__init__(
+            f"{len(nodes)} lookup(s) wait for a copy in doubt, e.g. {nodes[:5]}", reason="conflict"
+        )
+        self.nodes = nodes
+
+
 class LoggedEvent(NamedTuple):
     """An event as kept in the log and in node histories. (Named tuples: thousands are
     built per batch, and a frozen dataclass's __init__ cost ~4x as much.)"""
@@ -214,12 +226,16 @@ class EventLog(Protocol):
         if given, at most the newest ``limit`` events if given."""
         ...
 
-    def neighbours_before(self, nodes: list[str], before_seq: list[int]) -> list[str | None]:
-        """For each node, the other endpoint of its latest history event with seq <
-        before_seq[i] (the node itself for a self-loop), None when there is none (the
-        node's first event, or one the history cap has trimmed). A node's history below
-        its latest event never changes (late events are refused), so the answer for an
-        event is fixed once the event is logged."""
+    def neighbours_before(self, nodes: list[str], events: list[LoggedEvent]) -> list[str | None]:
+        """For each node, the other endpoint of its latest history event before
+        ``events[i]`` (the node itself for a self-loop), None when there is none (the
+        node's first event, or one the history cap has trimmed). ``events[i]`` is an
+        event of the node as some history holds it: on one log, by its seq; on a
+        partitioned log, it may be the other endpoint's copy, and the node's own copy is
+        found by the event's time and id. A node's history below its latest event never
+        changes (late events are refused), so the answer for an event is fixed once the
+        event is logged; on a partitioned log, once the entry before it is decided
+        (``HeldByDoubt`` until then)."""
         ...
 
     def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]: ...

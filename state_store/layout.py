@@ -20,15 +20,6 @@ class LayoutMismatch(RuntimeError):
     replica's configuration is wrong, and retrying cannot help)."""
 
 
-TRANSITIONS_NEED_ONE_LOG = (
-    "this model keeps transition counts (ModelConfig.transition_buckets), which read where "
-    "each event's other endpoint was just before, by seq, from that node's history. The "
-    "partitioned log (DYGSERVE_STORE__PARTITIONS > 1) numbers each partition's copies on "
-    "its own, so it cannot answer that: serve this checkpoint on the single-slot log "
-    "(partitions unset or 1; docs/STATE_STORE.md, 'Transition counts')."
-)
-
-
 def meta_key(prefix: str) -> bytes:
     return f"{prefix}:meta".encode()
 

@@ -193,12 +193,12 @@ class InMemoryStore(StateStore):
                 out.append(evs)
         return out
 
-    def neighbours_before(self, nodes: list[str], before_seq: list[int]) -> list[str | None]:
+    def neighbours_before(self, nodes: list[str], events: list[LoggedEvent]) -> list[str | None]:
         out: list[str | None] = []
         with self._lock:
-            for node, seq in zip(nodes, before_seq, strict=True):
+            for node, event in zip(nodes, events, strict=True):
                 h = self._histories.get(node, ())
-                at = bisect.bisect_left(h, seq, key=lambda e: e.seq) - 1
+                at = bisect.bisect_left(h, event.seq, key=lambda e: e.seq) - 1
                 out.append(None if at < 0 else other_endpoint(h[at], node))
         return out
 

@@ -117,11 +117,20 @@ return out
 # set (a copy in doubt is never applied, nor anything after it on its node).
 # KEYS: 1 doubt, then histories. ARGV: the seq after which to read each history.
 # Returns per node {in_doubt 0/1, members...} (members empty when in doubt).
-READ_COMMITTED_LUA = """
-local doubt = {}
-for _, v in ipairs(redis.call('HVALS', KEYS[1])) do
-  doubt[tonumber(string.match(v, '^%S+ (%d+)'))] = true
+_DOUBT_SEQS = """
+local function doubt_seqs()
+  local seqs = {}
+  for _, v in ipairs(redis.call('HVALS', KEYS[1])) do
+    seqs[tonumber(string.match(v, '^%S+ (%d+)'))] = true
+  end
+  return seqs
 end
+"""
+
+READ_COMMITTED_LUA = (
+    _DOUBT_SEQS
+    + """
+local doubt = doubt_seqs()
 local out = {}
 for i = 2, #KEYS do
   local rows = redis.call('ZRANGE', KEYS[i], '(' .. ARGV[i - 1], '+inf', 'BYSCORE', 'WITHSCORES')
@@ -137,3 +146,56 @@ for i = 2, #KEYS do
 end
 return out
 """
+)
+
+# Where a node was just before an event: the entry before the event's copy in the
+# node's history (the transition counts' lookup, docs/STATE_STORE.md). KEYS: 1 doubt,
+# then histories. ARGV, three per history: 's', seq, '' when the copy here has that
+# seq (both endpoints in this partition, the event logged whole), or 'i', t, id when
+# the event spans two partitions and the caller holds the other copy: the copy here
+# is found by time (a history's times never fall, so a binary search over ranks) and
+# then by id among the entries at that time (a snapshot's ties). Returns per history
+# {status, member}: 0 none (the node's first event, trimmed by the cap, or no such
+# copy), 1 the entry before, 2 held (the entry before is a copy in doubt: if it is
+# aborted, the answer is the one before it).
+PREVIOUS_LUA = (
+    _DOUBT_SEQS
+    + """
+local doubt = nil
+local function before(key, seq)
+  local row = redis.call('ZRANGE', key, '(' .. seq, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
+  if #row == 0 then return {0, ''} end
+  if doubt == nil then doubt = doubt_seqs() end
+  if doubt[tonumber(row[2])] then return {2, ''} end
+  return {1, row[1]}
+end
+local function copy_seq(key, t, eid)
+  local lo, hi = 0, redis.call('ZCARD', key)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if cjson.decode(redis.call('ZRANGE', key, mid, mid)[1])[4] < t then lo = mid + 1 else hi = mid end
+  end
+  while true do
+    local rows = redis.call('ZRANGE', key, lo, lo + 63, 'WITHSCORES')
+    if #rows == 0 then return nil end
+    for k = 1, #rows, 2 do
+      local e = cjson.decode(rows[k])
+      if e[4] > t then return nil end
+      if e[6] == eid then return rows[k + 1] end
+    end
+    lo = lo + 64
+  end
+end
+local out = {}
+for i = 2, #KEYS do
+  local mode, a, b = ARGV[3 * i - 5], ARGV[3 * i - 4], ARGV[3 * i - 3]
+  if mode == 's' then
+    out[#out + 1] = before(KEYS[i], a)
+  else
+    local seq = copy_seq(KEYS[i], tonumber(a), b)
+    if seq then out[#out + 1] = before(KEYS[i], seq) else out[#out + 1] = {0, ''} end
+  end
+end
+return out
+"""
+)

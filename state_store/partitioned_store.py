@@ -39,11 +39,11 @@ from typing import Any
 from redis.crc import key_slot
 
 from .append_script import APPEND_PART_LUA, header_args, outcome, previous_seqs, refusal_reason
-from .base import AppendResult, LoggedEvent, NewEvent, StoreUnavailable
-from .common import decode_event, encode_tail, event_ids, event_time
+from .base import AppendResult, HeldByDoubt, LoggedEvent, NewEvent, StoreUnavailable
+from .common import decode_event, encode_tail, event_ids, event_time, other_endpoint
 from .faults import BEFORE_COMMIT, BETWEEN_PARTITION_APPENDS, fault_active, maybe_crash
-from .layout import TRANSITIONS_NEED_ONE_LOG, LayoutMismatch, claim_partitions
-from .partition_scripts import DECIDE_LUA, FINISH_LUA, READ_COMMITTED_LUA
+from .layout import claim_partitions
+from .partition_scripts import DECIDE_LUA, FINISH_LUA, PREVIOUS_LUA, READ_COMMITTED_LUA
 from .redis_store import RedisStore, _guard, _ms
 from .versions import ServingModel, ServingState, VersionMarks
 
@@ -125,6 +125,7 @@ class PartitionedRedisStore(RedisStore):
                 "decide": DECIDE_LUA,
                 "finish": FINISH_LUA,
                 "read_committed": READ_COMMITTED_LUA,
+                "previous": PREVIOUS_LUA,
             }
         )
         self._sha = {k: hashlib.sha1(v.encode()).hexdigest() for k, v in self._scripts.items()}
@@ -138,10 +139,38 @@ class PartitionedRedisStore(RedisStore):
     def history_key(self, node: str) -> bytes:
         return self._parts[self.partition_of(node)].history + node.encode()
 
-    def neighbours_before(self, nodes: list[str], before_seq: list[int]) -> list[str | None]:
-        # Each partition numbers its own copies: an event's seq in one endpoint's
-        # partition says nothing about where it sits in the other's history.
-        raise LayoutMismatch(TRANSITIONS_NEED_ONE_LOG)
+    @_guard
+    def neighbours_before(self, nodes: list[str], events: list[LoggedEvent]) -> list[str | None]:
+        # Each partition numbers its own copies: the other endpoint's copy of an event
+        # says nothing by its seq about where the event sits in this node's history, so
+        # the node's own copy is found by the event's time and id (PREVIOUS_LUA).
+        if not nodes:
+            return []
+        P = self.partitions
+        groups: dict[int, list[int]] = {}
+        for i, n in enumerate(nodes):
+            groups.setdefault(self.partition_of(n), []).append(i)
+        calls = []
+        for p, idx in groups.items():
+            k = self._parts[p]
+            args: list[Any] = []
+            for i in idx:
+                e = events[i]
+                args += ["s", e.seq, ""] if e.seq % P == p else ["i", repr(e.t), e.event_id]
+            calls.append(
+                ("previous", [k.doubt] + [k.history + nodes[i].encode() for i in idx], args)
+            )
+        out: list[str | None] = [None] * len(nodes)
+        held: list[str] = []
+        for idx, res in zip(groups.values(), self._part_call(calls), strict=True):
+            for i, (status, member) in zip(idx, res, strict=True):
+                if int(status) == 2:
+                    held.append(nodes[i])
+                elif int(status) == 1:
+                    out[i] = other_endpoint(decode_event(member), nodes[i])
+        if held:
+            raise HeldByDoubt(held)
+        return out
 
     @_guard
     def claim_layout(self) -> None:

@@ -514,13 +514,13 @@ class RedisStore(StateStore):
         return [[decode_event(m) for m in reversed(ms)] for ms in out]
 
     @_guard
-    def neighbours_before(self, nodes: list[str], before_seq: list[int]) -> list[str | None]:
+    def neighbours_before(self, nodes: list[str], events: list[LoggedEvent]) -> list[str | None]:
         if not nodes:
             return []
         pipe = self._pipe()
-        for n, seq in zip(nodes, before_seq, strict=True):
+        for n, e in zip(nodes, events, strict=True):
             pipe.execute_command(
-                "ZRANGE", self.history_key(n), b"(%d" % int(seq), b"-inf", b"BYSCORE", b"REV",
+                "ZRANGE", self.history_key(n), b"(%d" % int(e.seq), b"-inf", b"BYSCORE", b"REV",
                 b"LIMIT", 0, 1,
             )  # fmt: skip
         return [

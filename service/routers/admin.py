@@ -13,7 +13,6 @@ from starlette.concurrency import run_in_threadpool
 
 from model.checkpoint import CheckpointError
 from model.node_head import ACTIVITY_DIM, RECENT_PACE_DIM
-from state_store.layout import LayoutMismatch
 
 from ..auth import require_api_key, require_read_key
 from ..deps import EngineDep, FollowerDep, SettingsDep
@@ -111,8 +110,7 @@ async def reload(
             settings.device,
             settings.checkpoint_verify_key(),
         )
-        runtime.paired_with(engine.store)  # a model the store's log can advance
-    except (CheckpointError, OSError, ValueError, LayoutMismatch) as exc:
+    except (CheckpointError, OSError, ValueError) as exc:
         raise RequestRefused(
             422, f"checkpoint refused, still serving {engine.runtime.version}: {exc}"
         ) from exc

@@ -121,12 +121,18 @@ def assert_exactly_once(
             told |= {e["event_id"] for i, e in enumerate(batch.events) if i not in rejected}
         assert logged == told  # acknowledged events all there, refused ones not
         kept = [n for n in nodes if hist[n]]
-        with torch.no_grad():
-            want = runtime.advance_blobs(kept, [None] * len(kept), [hist[n] for n in kept])
+        with torch.no_grad():  # (a model with transition counts asks the log too)
+            want = runtime.advance_blobs(
+                kept, [None] * len(kept), [hist[n] for n in kept], log=store
+            )
         got = store.read_states(runtime.version, kept)
         assert all(g is not None for g in got)
-        ga = runtime.codec.decode_many(got)  # type: ignore[arg-type]
-        wa = runtime.codec.decode_many([want[n] for n in kept])
+        ga, g_lists = runtime.codec.decode_with_neighbours(got)  # type: ignore[arg-type]
+        wa, w_lists = runtime.codec.decode_with_neighbours([want[n] for n in kept])
+        if runtime.config.transition_buckets:
+            assert g_lists.transitions is not None and w_lists.transitions is not None
+            assert (g_lists.transitions.counts == w_lists.transitions.counts).all()
+            assert g_lists.transitions.totals().sum() > 1000  # the counts are there
         assert torch.equal(ga.n_events, wa.n_events), "an event lost or applied twice"
         assert ga.n_events.tolist() == [len(hist[n]) for n in kept]
         scaled = max(
@@ -187,3 +193,35 @@ def test_three_replicas_with_a_master_restarted_lose_and_double_nothing(
         for s in services:
             s.stop()
         cluster.stop()
+
+
+def test_replicas_keep_transition_counts_exactly_once(data_dir, cluster, tmp_path, figures):
+    """A model with transition counts on the partitioned log: applying an event to one
+    endpoint asks where the other endpoint was just before, from the other endpoint's
+    partition (its own copy, found by time and id). Two replicas written concurrently,
+    one SIGKILLed mid-batch: every node's counts equal a single-process fold of the
+    histories, as its state does."""
+    from service.engine import ModelRuntime
+    from tests.service.conftest import make_checkpoint
+
+    make_checkpoint(tmp_path / "counting", seed=3, edge_feature_dim=0, transition_buckets=16)
+    counting = ModelRuntime.load(tmp_path / "counting")
+    events = uci_events(data_dir, 3000)
+    env = {
+        "DYGSERVE_REDIS_URL": cluster.url,
+        "DYGSERVE_STORE__PARTITIONS": P,
+        "DYGSERVE_CHECKPOINT": str(tmp_path / "counting"),
+    }
+    services = [serve(tmp_path / f"r{i}", env) for i in range(2)]
+    try:
+        drivers = drive_replicas(batches_of(events, 60), services)
+        victim, its_clients = services[-1], drivers[-1]
+        wait_until(lambda: its_clients.acked >= 5, 120, 0.05, "the victim to take some batches")
+        its_clients.up.clear()
+        victim.stop(signal.SIGKILL)
+        its_clients.url = services[0].url
+        its_clients.up.set()
+        figures.update(assert_exactly_once(cluster.url, events, drivers, counting))
+    finally:
+        for s in services:
+            s.stop()

@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 
 from model.node_state import StateCodec
-from service.engine import Engine, ModelRuntime
+from service.engine import ModelRuntime
 from state_store.factory import make_store
-from state_store.layout import LayoutMismatch
 from tests.service.conftest import make_checkpoint
 from tests.service.test_cold_equals_warm import ingest, scores
 from tests.support.service_process import start_service
@@ -24,16 +23,19 @@ def counting_checkpoint(tmp_path_factory):
     return path, version
 
 
-def test_dropped_states_are_rebuilt_with_their_counts(
-    redis_server, counting_checkpoint, data_dir, tmp_path
-):
-    """Cold equals warm: a rebuild asks the log the same questions for every event of
-    the node's history, so the records, and the scores, come back as they were."""
-    path, version = counting_checkpoint
-    stream = read_edge_stream(data_dir / "uci", limit=2000)
+def _served_counts(redis_server, path, version, stream, tmp_path, partitions):
+    """Serve the stream's first 2,000 events on a log of ``partitions``, then score
+    pairs warm, drop every state and score them again (rebuilt from the histories).
+    Returns (warm scores, cold scores, warm records, rebuilt records)."""
     redis_server.flush()
+    (tmp_path / f"p{partitions}").mkdir()
     svc = start_service(
-        tmp_path, {"DYGSERVE_CHECKPOINT": str(path), "DYGSERVE_REDIS_URL": redis_server.url}
+        tmp_path / f"p{partitions}",
+        {
+            "DYGSERVE_CHECKPOINT": str(path),
+            "DYGSERVE_REDIS_URL": redis_server.url,
+            "DYGSERVE_STORE__PARTITIONS": str(partitions),
+        },
     )
     try:
         with svc.client() as client:
@@ -42,48 +44,51 @@ def test_dropped_states_are_rebuilt_with_their_counts(
             pairs = [(stream.src[i], stream.dst[i], t) for i in range(0, 2000, 7)]
             warm = scores(client, pairs)
             nodes = sorted({p[0] for p in pairs} | {p[1] for p in pairs})
-            store = make_store(redis_server.url)
+            store = make_store(redis_server.url, partitions=partitions)
             try:
                 codec = StateCodec(ModelRuntime.load(path).config, version)
                 warm_counts = codec.decode_with_neighbours(store.read_states(version, nodes))[1]
-                assert warm_counts.transitions is not None
-                assert warm_counts.transitions.totals().sum() > 1000  # type: ignore[union-attr]
                 with redis_server.client() as r:
-                    r.delete(*list(r.scan_iter(match="dygserve:{n:*}:s:*")))
+                    assert r.delete(*list(r.scan_iter(match="dygserve:{n:*}:s:*"))) >= len(nodes)
                 cold = scores(client, pairs)  # rebuilt from the histories
                 rebuilt = codec.decode_with_neighbours(store.read_states(version, nodes))[1]
             finally:
                 store.close()
     finally:
         svc.stop()
-    assert max(abs(a - b) for a, b in zip(warm, cold, strict=True)) <= 1e-4
-    assert (rebuilt.transitions.counts == warm_counts.transitions.counts).all()  # type: ignore[union-attr]
+    assert warm_counts.transitions is not None and rebuilt.transitions is not None
+    return warm, cold, warm_counts.transitions, rebuilt.transitions
 
 
-def test_a_partitioned_log_refuses_the_model(redis_server, counting_checkpoint, tmp_path):
-    """Its copies are numbered per partition, so it cannot say where a node was just
-    before an event: a replica refuses such a model rather than count wrong (a model
-    without the counts starts there as before)."""
-    path, _ = counting_checkpoint
-    make_checkpoint(tmp_path / "plain", seed=3)
-    redis_server.flush()
-    store = make_store(redis_server.url, partitions=4)
-    try:
-        with pytest.raises(LayoutMismatch, match="Transition counts"):
-            Engine(ModelRuntime.load(path), store)
-        engine = Engine(ModelRuntime.load(tmp_path / "plain"), store)
-        assert engine.runtime.log is store
-    finally:
-        store.close()
+def test_counts_are_served_alike_on_one_log_and_on_partitions(
+    redis_server, counting_checkpoint, data_dir, tmp_path
+):
+    """Cold equals warm: a rebuild asks the log the same questions for every event of
+    the node's history, so the records, and the scores, come back as they were. And the
+    partitioned log (each endpoint's partition holds its own copy of an event under its
+    own seq, found by time and id) answers what the single log answers: the same
+    records and scores."""
+    path, version = counting_checkpoint
+    stream = read_edge_stream(data_dir / "uci", limit=2000)
+    served = {p: _served_counts(redis_server, path, version, stream, tmp_path, p) for p in (1, 4)}
+    for warm, cold, warm_counts, rebuilt in served.values():
+        assert warm_counts.totals().sum() > 1000
+        assert max(abs(a - b) for a, b in zip(warm, cold, strict=True)) <= 1e-4
+        assert (rebuilt.counts == warm_counts.counts).all()
+    (one, _, one_counts, _), (parted, _, parted_counts, _) = served[1], served[4]
+    assert (parted_counts.counts == one_counts.counts).all()
+    assert max(abs(a - b) for a, b in zip(one, parted, strict=True)) <= 1e-5
 
 
-def test_answers_in_hand_equal_the_logs(data_dir):
+@pytest.mark.parametrize("layout", ["one log", "4 partitions"])
+def test_answers_in_hand_equal_the_logs(data_dir, redis_single, layout):
     """``counterparts_previous`` answers most events from the nodes advanced in the same
     call (their new events, their blobs' newest list entries) and asks the log only for
     the rest. Whatever is in hand, the answers are the log's: here every node of a
     UCI slice (with self-loops added) is advanced at once from its blob after a random
     cut of its history, with some nodes left out, some already past the cut, and cold
-    ones from nothing."""
+    ones from nothing. On a partitioned log each node's history holds its own copies,
+    matched to the other endpoint's by the event's id."""
     import random
 
     from model.node_ids import node_key
@@ -94,7 +99,8 @@ def test_answers_in_hand_equal_the_logs(data_dir):
     from state_store.memory import InMemoryStore
 
     stream = read_edge_stream(data_dir / "uci", limit=3000)
-    store = InMemoryStore()
+    redis_single.flush()
+    store = InMemoryStore() if layout == "one log" else make_store(redis_single.url, partitions=4)
     events = [
         NewEvent(str(s), str(d), float(t))
         for s, d, t in zip(stream.src, stream.dst, stream.t, strict=True)
@@ -105,7 +111,7 @@ def test_answers_in_hand_equal_the_logs(data_dir):
     nodes = sorted({e.src for e in events} | {e.dst for e in events})
     histories = dict(zip(nodes, store.read_histories(nodes), strict=True))
     rng = random.Random(0)
-    here, watermarks, latest, new_events = [], [], [], []
+    here, latest, new_events = [], [], []
     for n in nodes:
         if rng.random() < 0.2:
             continue  # not in this call: its partners ask the log
@@ -113,15 +119,14 @@ def test_answers_in_hand_equal_the_logs(data_dir):
         cut = rng.randrange(len(h) + 1) if rng.random() < 0.7 else 0  # 30% cold
         applied, new = h[:cut], h[cut:]
         here.append(n)
-        watermarks.append(applied[-1].seq if applied else -1)
         latest.append(node_key(other_endpoint(applied[-1], n)) if applied else PAD)
         new_events.append(new)
-    got = counterparts_previous(store, here, new_events, watermarks, latest)
+    got = counterparts_previous(store, here, new_events, latest)
     asked = 0
     for n, new, row in zip(here, new_events, got, strict=True):
         expected = []
         for e in new:
-            found = store.neighbours_before([other_endpoint(e, n)], [e.seq])[0]
+            found = store.neighbours_before([other_endpoint(e, n)], [e])[0]
             key = PAD if found is None else node_key(found)
             expected += [key, key] if e.src == e.dst else [key]
             asked += 1
@@ -129,25 +134,44 @@ def test_answers_in_hand_equal_the_logs(data_dir):
     assert asked > 2000 and sum(k != PAD for row in got for k in row) > 1000
 
 
-def test_a_reload_to_the_model_on_a_partitioned_log_is_refused(redis_server, tmp_path):
-    """Over HTTP: a replica on the partitioned log keeps serving what it serves and
-    answers 422 with the reason, and the store's serving version does not move."""
-    make_checkpoint(tmp_path / "models" / "plain", seed=3)
-    make_checkpoint(tmp_path / "models" / "counting", seed=3, transition_buckets=16)
-    redis_server.flush()
-    svc = start_service(
-        tmp_path,
-        {
-            "DYGSERVE_CHECKPOINT": str(tmp_path / "models" / "plain"),
-            "DYGSERVE_REDIS_URL": redis_server.url,
-            "DYGSERVE_STORE__PARTITIONS": "4",
-        },
-    )
+def test_an_apply_waits_while_the_entry_before_is_in_doubt(redis_single, tmp_path):
+    """On a partitioned log the entry just before an event in the other endpoint's
+    history may be a copy in doubt, which an abort would take away: the apply does not
+    count from it. It waits its rounds and fails as a conflict (503: the event stays
+    pending), and once the copy is decided it applies what one log would."""
+    import numpy as np
+
+    from model.node_ids import node_key
+    from model.transition_counts import bucket_of
+    from state_store.applier import ApplyConflictError, apply_nodes, logged_events
+    from state_store.base import NewEvent
+
+    make_checkpoint(tmp_path / "ck", seed=3, edge_feature_dim=0, transition_buckets=16)
+    redis_single.flush()
+    store = make_store(redis_single.url, partitions=4)
     try:
-        with svc.client() as client:
-            before = client.get("/v1/model").json()["model_version"]
-            r = client.post("/v1/admin/reload", json={"checkpoint": "counting"})
-            assert r.status_code == 422 and "transition counts" in r.text, r.text
-            assert client.get("/v1/model").json()["model_version"] == before
+        rt = ModelRuntime.load(tmp_path / "ck").paired_with(store)
+        names = [f"n{i}" for i in range(40)]
+        u = names[0]
+        v, w = [n for n in names if store.partition_of(n) != store.partition_of(u)][:2]
+        events = [NewEvent(u, w, 1.0, (), "e1"), NewEvent(u, v, 2.0, (), "e2")]
+        logged = logged_events(events, store.append_events(events))
+        before = store.read_histories([u])[0][0]  # u's copy of (u, w): the entry before
+        part = store._parts[store.partition_of(u)]
+        with redis_single.client() as r:
+            r.hset(part.doubt, "held", f"nonce {before.seq} 0 0 {u}")
+            with pytest.raises(ApplyConflictError):
+                apply_nodes(store, rt.version, [v], rt.advance_blobs, max_rounds=2)
+            assert store.read_states(rt.version, [v]) == [None]  # nothing counted
+            r.hdel(part.doubt, "held")
+        apply_nodes(store, rt.version, [v], rt.advance_blobs)
+        counts = rt.codec.decode_with_neighbours(store.read_states(rt.version, [v]))[1]
+        assert counts.transitions is not None
+        # v's one event, counted at the bucket of w (where u was just before)
+        w_bucket = int(bucket_of(np.array([node_key(w)]), 16)[0])
+        assert np.asarray(counts.transitions.counts)[0].tolist() == [
+            float(b == w_bucket) for b in range(16)
+        ]
+        assert len(logged) == 4  # both events span two partitions: two copies each
     finally:
-        svc.stop()
+        store.close()

@@ -18,7 +18,6 @@ from model.node_state import NodeStates, StateCodec
 from state_store.base import NewEvent, StoreUnavailable
 from state_store.blob_header import read_watermark
 from state_store.factory import make_store
-from state_store.layout import LayoutMismatch
 from state_store.memory import InMemoryStore
 from tests.support.redis_server import free_port
 from tests.support.store_model import tiny_config
@@ -267,22 +266,103 @@ def test_neighbours_before_an_event(make) -> None:
     events += [ev("a", "a", 4.0, "4"), ev("a", "z", 5.0, "5"), ev("a", "w", 6.0, "6")]
     s = make()
     s.append_events(events)
+    logged = {e.seq: e for e in s.read_log(0, 100)}
     asked = ["a", "x", "x", "a", "a", "a", "nobody", "a"]
-    before = [3, 2, 1, 4, 5, 6, 9, 7]
-    assert s.neighbours_before(asked, before) == ["x", "a", None, "y", "a", "z", None, "w"]
+    before = [logged[k] for k in (3, 2, 1, 4, 5, 6, 3, 6)]
+    assert s.neighbours_before(asked, before) == ["x", "a", None, "y", "a", "z", None, "z"]
     assert s.neighbours_before([], []) == []
     capped = make(history_cap=3, key_prefix="capped")
     capped.append_events(events)
     # a's history keeps seqs 4-6: what came before seq 4 has been trimmed away
-    assert capped.neighbours_before(["a", "a", "a"], [4, 5, 6]) == [None, "a", "z"]
+    kept = {e.seq: e for e in capped.read_log(0, 100)}
+    assert capped.neighbours_before(["a"] * 3, [kept[k] for k in (4, 5, 6)]) == [None, "a", "z"]
 
 
-def test_the_partitioned_log_cannot_say_where_a_node_was(redis_single) -> None:
+def _tied_events(n: int = 400) -> list[NewEvent]:
+    """Events over 12 nodes with a snapshot's ties (five events at each time), a few
+    self-loops, ids on two thirds (the store assigns the others), no (src, dst, t)
+    twice, so that the test can name each event by them."""
+    import random
+
+    rng = random.Random(7)
+    nodes = [f"n{i}" for i in range(12)]
+    out: dict[tuple[str, str, float], NewEvent] = {}
+    while len(out) < n:
+        i = len(out)
+        src = rng.choice(nodes)
+        dst = src if i % 37 == 0 else rng.choice(nodes)
+        out.setdefault(
+            (src, dst, float(i // 5)), ev(src, dst, float(i // 5), f"e{i}" if i % 3 else None)
+        )
+    return list(out.values())
+
+
+def test_a_partitioned_log_says_where_a_node_was(redis_single) -> None:
+    """Each partition numbers its own copies, so the other endpoint's copy of an event
+    says nothing by its seq about where the event sits in this node's history: the
+    node's own copy is found by the event's time and id, among a snapshot's ties too.
+    Every answer, asked with the other endpoint's copy, is the other endpoint of the
+    node's entry before the event in input order, None where the cap trimmed it."""
+    events = _tied_events()
+    index = {(e.src, e.dst, e.t): k for k, e in enumerate(events)}
+    history: dict[str, list[int]] = {}
+    for k, e in enumerate(events):
+        for n in dict.fromkeys((e.src, e.dst)):
+            history.setdefault(n, []).append(k)
+    for cap in (10_000, 7):
+        redis_single.flush()
+        s = make_store(redis_single.url, partitions=4, history_cap=cap)
+        try:
+            assert all(x is not None for x in s.append_events(events).seqs)
+            nodes = sorted(history)
+            asked, copies, expected = [], [], []
+            for n, h in zip(nodes, s.read_histories(nodes), strict=True):
+                for copy in h:  # n's copy, asked about n's counterpart c
+                    c = other(copy, n)
+                    k = index[(copy.src, copy.dst, copy.t)]
+                    at = history[c].index(k)
+                    trimmed = at - 1 < len(history[c]) - cap
+                    expected.append(
+                        None if at == 0 or trimmed else other(events[history[c][at - 1]], c)
+                    )
+                    asked.append(c)
+                    copies.append(copy)
+            spanning = sum(
+                s.partition_of(a) != x.seq % 4 for a, x in zip(asked, copies, strict=True)
+            )
+            assert spanning > len(asked) / 2  # most questions need the search by time and id
+            got = s.neighbours_before(asked, copies)
+            assert got == expected
+            assert sum(x is not None for x in got) > (500 if cap > 100 else 40)
+        finally:
+            s.close()
+
+
+def other(e, node: str) -> str:
+    return e.dst if e.src == node else e.src
+
+
+def test_a_partitioned_lookup_waits_for_a_copy_in_doubt(redis_single) -> None:
+    """The entry just before an event may be a copy in doubt, which an abort would
+    take away (and the answer with it): the lookup says so instead of answering."""
+    from state_store.base import HeldByDoubt
+
     redis_single.flush()
     s = make_store(redis_single.url, partitions=4)
     try:
-        with pytest.raises(LayoutMismatch, match="transition counts"):
-            s.neighbours_before(["a"], [1])
+        events = [ev(f"u{i}", "hub", float(i), f"e{i}") for i in range(12)]
+        s.append_events(events)
+        h = s.read_histories(["hub"])[0]
+        spans = [e for e in h if s.partition_of(e.src) != s.partition_of("hub")]
+        assert len(spans) >= 2
+        last = h[-1]
+        doubt = s._parts[s.partition_of("hub")].doubt
+        with redis_single.client() as r:
+            r.hset(doubt, "fake", f"nonce {h[-2].seq} 0 0 hub")
+            with pytest.raises(HeldByDoubt):
+                s.neighbours_before(["hub"], [last])
+            r.hdel(doubt, "fake")
+        assert s.neighbours_before(["hub"], [last]) == [other(h[-2], "hub")]
     finally:
         s.close()
 
