@@ -139,6 +139,18 @@ class PartitionedRedisStore(RedisStore):
     def history_key(self, node: str) -> bytes:
         return self._parts[self.partition_of(node)].history + node.encode()
 
+    def _by_partition(self, nodes: list[str]) -> dict[int, list[int]]:
+        """The positions of ``nodes``, grouped by their partitions."""
+        groups: dict[int, list[int]] = {}
+        for i, n in enumerate(nodes):
+            groups.setdefault(self.partition_of(n), []).append(i)
+        return groups
+
+    def _doubt_and_histories(self, p: int, nodes: list[str]) -> list[bytes]:
+        """The keys of a script that reads histories of partition ``p`` beside its doubt."""
+        k = self._parts[p]
+        return [k.doubt] + [k.history + n.encode() for n in nodes]
+
     @_guard
     def neighbours_before(self, nodes: list[str], events: list[LoggedEvent]) -> list[str | None]:
         # Each partition numbers its own copies: the other endpoint's copy of an event
@@ -147,19 +159,14 @@ class PartitionedRedisStore(RedisStore):
         if not nodes:
             return []
         P = self.partitions
-        groups: dict[int, list[int]] = {}
-        for i, n in enumerate(nodes):
-            groups.setdefault(self.partition_of(n), []).append(i)
+        groups = self._by_partition(nodes)
         calls = []
         for p, idx in groups.items():
-            k = self._parts[p]
             args: list[Any] = []
             for i in idx:
                 e = events[i]
                 args += ["s", e.seq, ""] if e.seq % P == p else ["i", repr(e.t), e.event_id]
-            calls.append(
-                ("previous", [k.doubt] + [k.history + nodes[i].encode() for i in idx], args)
-            )
+            calls.append(("previous", self._doubt_and_histories(p, [nodes[i] for i in idx]), args))
         out: list[str | None] = [None] * len(nodes)
         held: list[str] = []
         for idx, res in zip(groups.values(), self._part_call(calls), strict=True):
@@ -474,13 +481,10 @@ class PartitionedRedisStore(RedisStore):
         """Each node's history after ``after_seq[i]``, and the nodes held back because
         an entry after their watermark is a copy in doubt (their history comes back
         empty: nothing of theirs may be applied before the doubt is decided)."""
-        groups: dict[int, list[int]] = {}
-        for i, n in enumerate(nodes):
-            groups.setdefault(self.partition_of(n), []).append(i)
+        groups = self._by_partition(nodes)
         calls = []
         for p, idx in groups.items():
-            k = self._parts[p]
-            keys = [k.doubt] + [k.history + nodes[i].encode() for i in idx]
+            keys = self._doubt_and_histories(p, [nodes[i] for i in idx])
             calls.append(("read_committed", keys, [int(after_seq[i]) for i in idx]))
         results = self._part_call(calls)
         out: list[list[LoggedEvent]] = [[] for _ in nodes]

@@ -98,6 +98,17 @@ def drive_replicas(
     return [Driver(batches[i::n], r.url, n_clients=clients).start() for i, r in enumerate(replicas)]
 
 
+def kill_the_last_replica_mid_batch(services: list[Any], drivers: list[Driver]) -> None:
+    """SIGKILL the last replica once it has taken some batches; its clients retry the
+    same batches (same ids) on replica 0."""
+    victim, its_clients = services[-1], drivers[-1]
+    wait_until(lambda: its_clients.acked >= 5, 120, 0.05, "the victim to take some batches")
+    its_clients.up.clear()
+    victim.stop(signal.SIGKILL)  # mid-batch: its clients have requests in flight
+    its_clients.url = services[0].url
+    its_clients.up.set()
+
+
 def assert_exactly_once(
     cluster_url: str, events: list[dict[str, Any]], drivers: list[Driver], runtime: Any
 ) -> dict[str, Any]:
@@ -145,21 +156,28 @@ def assert_exactly_once(
         store.close()
 
 
-@pytest.mark.parametrize("replicas", [2, 3])
+@pytest.mark.parametrize(
+    ("replicas", "model"), [(2, "bundled"), (3, "bundled"), (2, "transition counts")]
+)
 def test_concurrent_replicas_one_sigkilled_lose_and_double_nothing(
-    data_dir, cluster, runtime, tmp_path, figures, replicas
+    data_dir, cluster, runtime, tmp_path, figures, replicas, model
 ):
+    """With transition counts, applying an event to one endpoint asks where the other
+    endpoint was just before, from the other endpoint's partition (its own copy, found
+    by time and id): every node's counts must equal the fold too."""
     events = uci_events(data_dir, 3000)
     env = {"DYGSERVE_REDIS_URL": cluster.url, "DYGSERVE_STORE__PARTITIONS": P}
+    if model == "transition counts":
+        from service.engine import ModelRuntime
+        from tests.service.conftest import make_checkpoint
+
+        path = tmp_path / "counting"
+        make_checkpoint(path, seed=3, edge_feature_dim=0, transition_buckets=16)
+        env["DYGSERVE_CHECKPOINT"], runtime = str(path), ModelRuntime.load(path)
     services = [serve(tmp_path / f"r{i}", env) for i in range(replicas)]
     try:
         drivers = drive_replicas(batches_of(events, 60), services)
-        victim, its_clients = services[-1], drivers[-1]
-        wait_until(lambda: its_clients.acked >= 5, 120, 0.05, "the victim to take some batches")
-        its_clients.up.clear()  # its clients retry the same batches (same ids) on replica 0
-        victim.stop(signal.SIGKILL)  # mid-batch: 3 clients have requests in flight
-        its_clients.url = services[0].url
-        its_clients.up.set()
+        kill_the_last_replica_mid_batch(services, drivers)
         figures.update(assert_exactly_once(cluster.url, events, drivers, runtime))
     finally:
         for s in services:
@@ -193,35 +211,3 @@ def test_three_replicas_with_a_master_restarted_lose_and_double_nothing(
         for s in services:
             s.stop()
         cluster.stop()
-
-
-def test_replicas_keep_transition_counts_exactly_once(data_dir, cluster, tmp_path, figures):
-    """A model with transition counts on the partitioned log: applying an event to one
-    endpoint asks where the other endpoint was just before, from the other endpoint's
-    partition (its own copy, found by time and id). Two replicas written concurrently,
-    one SIGKILLed mid-batch: every node's counts equal a single-process fold of the
-    histories, as its state does."""
-    from service.engine import ModelRuntime
-    from tests.service.conftest import make_checkpoint
-
-    make_checkpoint(tmp_path / "counting", seed=3, edge_feature_dim=0, transition_buckets=16)
-    counting = ModelRuntime.load(tmp_path / "counting")
-    events = uci_events(data_dir, 3000)
-    env = {
-        "DYGSERVE_REDIS_URL": cluster.url,
-        "DYGSERVE_STORE__PARTITIONS": P,
-        "DYGSERVE_CHECKPOINT": str(tmp_path / "counting"),
-    }
-    services = [serve(tmp_path / f"r{i}", env) for i in range(2)]
-    try:
-        drivers = drive_replicas(batches_of(events, 60), services)
-        victim, its_clients = services[-1], drivers[-1]
-        wait_until(lambda: its_clients.acked >= 5, 120, 0.05, "the victim to take some batches")
-        its_clients.up.clear()
-        victim.stop(signal.SIGKILL)
-        its_clients.url = services[0].url
-        its_clients.up.set()
-        figures.update(assert_exactly_once(cluster.url, events, drivers, counting))
-    finally:
-        for s in services:
-            s.stop()
