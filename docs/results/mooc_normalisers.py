@@ -1,0 +1,141 @@
+"""What is left on MOOC beyond the transition counts? A linear model over causal counts.
+
+The transition counts (``ModelConfig.transition_buckets``) give the head, for a query
+(u, v), v's column of the online "which item follows which" table at u's latest three
+items: raw counts, plus v's total. The no-model heuristic of ``mooc_transitions.py``
+ranks by P(v | u's last item), a count *divided by its row sum*: how often anything
+followed u's last item. That row sum belongs to a third node (u's last item), which
+no record of u or v holds. How much do such normalisers add?
+
+Walks MOOC in time order, learning every count online from the events strictly
+before each query. Every third validation and test event is scored against one random
+item (DyGLib's random negatives on a bipartite graph), with per (u, x) features:
+
+* what the model has: for each of u's latest three items l, log1p T[l, x] and a
+  present flag; log1p of x's in-transition total and degree; whether u met x before;
+  log1p of u's degree;
+* the normalisers: log1p of each latest item's row sum (out-transitions), or of its
+  degree, or the smoothed ratio P(x | l);
+* second order: log1p T2[(l2, l1), x] (which item follows u's last two), and the row
+  sum of (l2, l1).
+
+A logistic regression is fitted on the validation queries and its test AP printed per
+feature set (AP of positives over negatives, as ``mooc_transitions.py``).
+
+    python docs/results/mooc_normalisers.py [--data ../shared/data/mooc/edges.csv.gz]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import numpy as np
+from mooc_transitions import average_precision  # its neighbour in docs/results
+from sklearn.linear_model import LogisticRegression
+
+from training.data import read_edge_stream
+
+DEPTH = 3  # u's latest items read, as the model's TRANSITION_DEPTH
+PER_ITEM = ("count", "row sum", "degree", "ratio", "present")
+FEATURES = [f"{name} {k}" for k in range(DEPTH) for name in PER_ITEM] + [
+    "x total",
+    "x degree",
+    "met before",
+    "u degree",
+    "order 2 count",
+    "order 2 row sum",
+]
+
+
+def features(
+    u_items: list[int],
+    x: int,
+    first: dict[int, collections.Counter],
+    second: dict[tuple[int, ...], collections.Counter],
+    row: collections.Counter,
+    col: collections.Counter,
+    deg: collections.Counter,
+) -> list[float]:
+    latest = u_items[-DEPTH:][::-1]
+    f: list[float] = []
+    for k in range(DEPTH):
+        if k < len(latest):
+            item = latest[k]
+            c = first[item][x]
+            f += [
+                np.log1p(c),
+                np.log1p(row[item]),
+                np.log1p(deg[item]),
+                (c + 0.1) / (row[item] + 1),
+            ]
+            f += [1.0]
+        else:
+            f += [0.0] * len(PER_ITEM)
+    pair = tuple(u_items[-2:])
+    f += [np.log1p(col[x]), np.log1p(deg[x]), float(x in u_items), np.log1p(len(u_items))]
+    f += [np.log1p(second[pair][x]), np.log1p(sum(second[pair].values())) if len(pair) == 2 else 0]
+    return f
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default="../shared/data/mooc/edges.csv.gz")
+    args = ap.parse_args()
+    stream = read_edge_stream(args.data)
+    src, dst, ts = stream.src.astype(np.int64), stream.dst.astype(np.int64), stream.t
+    q70, q85 = np.quantile(ts, [0.70, 0.85])  # DyGLib's chronological split
+    items = np.unique(dst)
+    rng = np.random.default_rng(0)
+    first: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    second: dict[tuple[int, ...], collections.Counter] = collections.defaultdict(
+        collections.Counter
+    )
+    row: collections.Counter = collections.Counter()
+    col: collections.Counter = collections.Counter()
+    deg: collections.Counter = collections.Counter()
+    items_of: dict[int, list[int]] = collections.defaultdict(list)
+    rows: dict[str, tuple[list[list[float]], list[int]]] = {"val": ([], []), "test": ([], [])}
+    for i in range(len(src)):
+        u, v, t = int(src[i]), int(dst[i]), ts[i]
+        part = "val" if q70 <= t < q85 else "test" if t >= q85 else None
+        if part and i % 3 == 0:
+            for label, x in ((1, v), (0, int(rng.choice(items)))):
+                rows[part][0].append(features(items_of[u], x, first, second, row, col, deg))
+                rows[part][1].append(label)
+        seen = items_of[u]  # learn only after scoring: a query never sees its own event
+        if seen:
+            first[seen[-1]][v] += 1
+            row[seen[-1]] += 1
+            col[v] += 1
+            if len(seen) >= 2:
+                second[tuple(seen[-2:])][v] += 1
+        seen.append(v)
+        deg[u] += 1
+        deg[v] += 1
+    xv, yv = np.array(rows["val"][0]), np.array(rows["val"][1])
+    xt, yt = np.array(rows["test"][0]), np.array(rows["test"][1])
+
+    def columns(*names: str) -> list[int]:
+        return [i for i, f in enumerate(FEATURES) if f.rsplit(" ", 1)[0] in names or f in names]
+
+    base = columns("count", "present", "x total", "x degree", "met before", "u degree")
+    sets = {
+        "raw counts and totals (what the head has)": base,
+        "+ row sums of u's latest items": base + columns("row sum"),
+        "+ degrees of u's latest items": base + columns("degree"),
+        "+ P(x | item), normalised": base + columns("ratio"),
+        "+ order 2 count": base + columns("order 2 count"),
+        "+ order 2 count and its row sum": base + columns("order 2 count", "order 2 row sum"),
+        "+ degrees and order 2 count": base + columns("degree", "order 2 count"),
+        "all": list(range(len(FEATURES))),
+    }
+    print(f"| features ({len(yt) // 2} test positives) | test AP |\n| --- | ---: |")
+    for name, cols in sets.items():
+        model = LogisticRegression(max_iter=2000).fit(xv[:, cols], yv)
+        p = model.decision_function(xt[:, cols])
+        print(f"| {name} | {100 * average_precision(p[yt == 1], p[yt == 0]):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
