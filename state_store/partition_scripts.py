@@ -113,10 +113,7 @@ return out
 """
 )
 
-# The committed part of node histories, read atomically with the partition's doubt
-# set (a copy in doubt is never applied, nor anything after it on its node).
-# KEYS: 1 doubt, then histories. ARGV: the seq after which to read each history.
-# Returns per node {in_doubt 0/1, members...} (members empty when in doubt).
+# The seqs of the partition's copies in doubt (KEYS[1]: its doubt hash).
 _DOUBT_SEQS = """
 local function doubt_seqs()
   local seqs = {}
@@ -127,6 +124,10 @@ local function doubt_seqs()
 end
 """
 
+# The committed part of node histories, read atomically with the partition's doubt
+# set (a copy in doubt is never applied, nor anything after it on its node).
+# KEYS: 1 doubt, then histories. ARGV: the seq after which to read each history.
+# Returns per node {in_doubt 0/1, members...} (members empty when in doubt).
 READ_COMMITTED_LUA = (
     _DOUBT_SEQS
     + """
