@@ -353,16 +353,19 @@ def test_a_partitioned_lookup_waits_for_a_copy_in_doubt(redis_single) -> None:
         events = [ev(f"u{i}", "hub", float(i), f"e{i}") for i in range(12)]
         s.append_events(events)
         h = s.read_histories(["hub"])[0]
-        spans = [e for e in h if s.partition_of(e.src) != s.partition_of("hub")]
-        assert len(spans) >= 2
-        last = h[-1]
+        # the latest event whose other endpoint lives elsewhere, asked with that
+        # endpoint's copy (the search by time and id), and hub's entry before it
+        k = max(i for i in range(1, 12) if s.partition_of(f"u{i}") != s.partition_of("hub"))
+        their_copy = s.read_histories([f"u{k}"])[0][0]
+        assert their_copy.seq != h[k].seq
         doubt = s._parts[s.partition_of("hub")].doubt
-        with redis_single.client() as r:
-            r.hset(doubt, "fake", f"nonce {h[-2].seq} 0 0 hub")
-            with pytest.raises(HeldByDoubt):
-                s.neighbours_before(["hub"], [last])
-            r.hdel(doubt, "fake")
-        assert s.neighbours_before(["hub"], [last]) == [other(h[-2], "hub")]
+        for asked_with in (their_copy, h[k]):  # (hub's own copy: by seq)
+            with redis_single.client() as r:
+                r.hset(doubt, "fake", f"nonce {h[k - 1].seq} 0 0 hub")
+                with pytest.raises(HeldByDoubt):
+                    s.neighbours_before(["hub"], [asked_with])
+                r.hdel(doubt, "fake")
+            assert s.neighbours_before(["hub"], [asked_with]) == [f"u{k - 1}"]
     finally:
         s.close()
 
