@@ -103,6 +103,13 @@ def test_snapshot_streams_train_with_batch_visibility(data_dir) -> None:
     assert any("batch visibility" in r for r in chosen.reasons)
     # An explicit visibility wins.
     assert choose_settings(p, {}, None, "exact").visibility == "exact"
+    # Under batch visibility a unipartite snapshot stream gets the transition counts
+    # too (the order inside a snapshot); under exact visibility it keeps them off.
+    assert not p.bipartite and chosen.config["transition_buckets"] == TRANSITION_BUCKETS
+    assert any(
+        r.startswith("batch visibility (a snapshot stream): transition") for r in chosen.reasons
+    )
+    assert "transition_buckets" not in choose_settings(p, {}, None, "exact").config
 
 
 def test_snapshot_streams_choose_epochs_on_all_three_negative_kinds(data_dir) -> None:
