@@ -31,10 +31,8 @@ import argparse
 import collections
 
 import numpy as np
-from mooc_transitions import average_precision  # its neighbour in docs/results
+from mooc_transitions import average_precision, online_walk  # its neighbour in docs/results
 from sklearn.linear_model import LogisticRegression
-
-from training.data import read_edge_stream
 
 DEPTH = 3  # u's latest items read, as the model's TRANSITION_DEPTH
 PER_ITEM = ("count", "row sum", "degree", "ratio", "present")
@@ -82,10 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="../shared/data/mooc/edges.csv.gz")
     args = ap.parse_args()
-    stream = read_edge_stream(args.data)
-    src, dst, ts = stream.src.astype(np.int64), stream.dst.astype(np.int64), stream.t
-    q70, q85 = np.quantile(ts, [0.70, 0.85])  # DyGLib's chronological split
-    items = np.unique(dst)
+    src, dst, ts, q70, q85, items = online_walk(args.data)
     rng = np.random.default_rng(0)
     first: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
     second: dict[tuple[int, ...], collections.Counter] = collections.defaultdict(

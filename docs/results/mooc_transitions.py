@@ -40,6 +40,15 @@ def average_precision(pos: np.ndarray, neg: np.ndarray) -> float:
     return float((precision * hits).sum() / hits.sum())
 
 
+def online_walk(data: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float, np.ndarray]:
+    """MOOC in time order for an online walk: sources, destinations, times, the start
+    of validation and of test (DyGLib's chronological split) and the item ids."""
+    stream = read_edge_stream(data)
+    src, dst, ts = stream.src.astype(np.int64), stream.dst.astype(np.int64), stream.t
+    q70, q85 = np.quantile(ts, [0.70, 0.85])
+    return src, dst, ts, float(q70), float(q85), np.unique(dst)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="../shared/data/mooc/edges.csv.gz")
@@ -47,10 +56,8 @@ def main() -> None:
         "--every", type=int, default=3, help="score every k-th event of validation and test"
     )
     args = ap.parse_args()
-    stream = read_edge_stream(args.data)
-    src, dst, ts = stream.src.astype(np.int64), stream.dst.astype(np.int64), stream.t
-    q70, q85 = np.quantile(ts, [0.70, 0.85])  # DyGLib's chronological split
-    items = np.unique(dst)
+    stream = read_edge_stream(args.data)  # (its new nodes: the held-out items below)
+    src, dst, ts, q70, q85, items = online_walk(args.data)
     rng = np.random.default_rng(0)
     first: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
     second: dict[tuple[int, int], collections.Counter] = collections.defaultdict(
