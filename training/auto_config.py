@@ -26,8 +26,9 @@ Rules:
   order says which sponsors a voter backed one after another, and the counts read it
   (test AP over 3 seeds, Can. Parl.: 91.24 / 95.29 / 89.49 -> 92.48 / 95.42 / 89.10;
   US Legis.: 80.79 / 96.34 / 87.40 -> 81.05 / 97.26 / 91.18;
-  docs/results/visibility-experiments.md, "Transition counts on snapshot streams"). A continuous-time unipartite stream gains nothing (UCI: validation AP
-  95.48 against 95.62), so it keeps them off.
+  docs/results/visibility-experiments.md, "Transition counts on snapshot streams").
+  A continuous-time unipartite stream gains nothing (UCI: validation AP 95.48 against
+  95.62), so it keeps them off.
 * **Historical training negatives, whatever the share of repeated pairs.** Where pairs
   recur, random negatives alone teach the head that "met before" means "positive",
   which historical and inductive evaluation negatives are built to defeat (on UCI:
@@ -220,13 +221,11 @@ def choose_settings(
             "batch visibility: the head also counts each node's events of the snapshot so far"
             " and of the one before (snapshot pair features)"
         )
-    transitions_where = (
-        "bipartite"
-        if profile.bipartite
-        else "batch visibility (a snapshot stream)"
-        if auto.visibility == "batch"
-        else None
-    )
+    transitions_where = None
+    if profile.bipartite:
+        transitions_where = "bipartite"
+    elif auto.visibility == "batch":
+        transitions_where = "batch visibility (a snapshot stream)"
     if transitions_where and pair_features and "transition_buckets" not in explicit_config:
         auto.config["transition_buckets"] = TRANSITION_BUCKETS
         auto.reasons.append(
