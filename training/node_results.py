@@ -240,15 +240,22 @@ def render_section(summaries: list[dict[str, Any]]) -> str:
         f"python -m training.results --node-classification --datasets "
         f"{','.join(s['dataset'] for s in summaries)} {bases} --nc-seeds {seeds}"
     )
-    w("# one head by hand, and its evaluation:")
-    w(
-        "dygserve train --task node-classification --data ../shared/data/wikipedia "
-        "--base runs/wiki-link --out runs/wiki-nc"
-    )
-    w(
-        "dygserve evaluate --checkpoint runs/wiki-nc --data ../shared/data/wikipedia "
-        "--out runs/wiki-nc-eval"
-    )
+    if summaries:
+        # On the first stream's base as the commands above make it (a hand-written name
+        # here went stale when the bases were renamed), with that stream's head flags.
+        first = summaries[0]
+        data = f"../shared/data/{first['dataset']}"
+        head = f"{first['base']}-nc"
+        flags = " --event-features" if first["train_config"].get("event_features") else ""
+        members = first["train_config"].get("members", NodeTrainConfig().members)
+        if members != NodeTrainConfig().members:
+            flags += f" --members {members}"
+        w("# one head by hand, and its evaluation:")
+        w(
+            f"dygserve train --task node-classification --data {data} "
+            f"--base {first['base']} --out {head}{flags}"
+        )
+        w(f"dygserve evaluate --checkpoint {head} --data {data} --out {head}-eval")
     w("```\n")
     w(
         "Differences from the published setting: our Wikipedia stream has **no edge features** "

@@ -230,6 +230,8 @@ def test_results_rewrites_only_its_section(tmp_path):
     text = doc.read_text()
     assert text.startswith("# Results\n\nlink tables\n") and BEGIN in text and END in text
     assert "**92.00 ± 1.00**" in text and "JODIE 88.99" in text
+    # the hand-run example trains on the base the commands above make
+    assert "--data ../shared/data/wikipedia --base runs/wiki-link --out runs/wiki-link-nc\n" in text
     doc.write_text(text.replace("link tables", "new link tables") + "\ntrailer\n")
     assert update_doc(doc, tmp_path / "out")
     again = doc.read_text()
