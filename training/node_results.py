@@ -58,6 +58,16 @@ def _recent_neighbours_note(runs: list[dict[str, Any]]) -> str:
     return f"; latest neighbours read: {kept} (validation AUC per depth tried: {tried})"
 
 
+def _head_flags(train_config: dict[str, Any]) -> str:
+    """The `dygserve train --task node-classification` flags a summary's head settings
+    need beyond the defaults (the event features, a member count other than the default)."""
+    flags = " --event-features" if train_config.get("event_features") else ""
+    members = train_config.get("members", NodeTrainConfig().members)
+    if members != NodeTrainConfig().members:
+        flags += f" --members {members}"
+    return flags
+
+
 def _log(msg: str) -> None:
     print(f"[{datetime.now().strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -226,8 +236,7 @@ def render_section(summaries: list[dict[str, Any]]) -> str:
             continue
         # A fine-tuned base: the link model first, then --fine-tune through a head.
         link = f"runs/{s['dataset']}-link"
-        flags = " --event-features" if s["train_config"].get("event_features") else ""
-        flags += f" --members {s['train_config'].get('members', 1)}"
+        flags = _head_flags(s["train_config"])
         w(f"python -m training.train --data {data} --out {link} --epochs {b.get('epochs')}")
         w(
             f"dygserve train --task node-classification --data {data} --base {link} "
@@ -246,10 +255,7 @@ def render_section(summaries: list[dict[str, Any]]) -> str:
         first = summaries[0]
         data = f"../shared/data/{first['dataset']}"
         head = f"{first['base']}-nc"
-        flags = " --event-features" if first["train_config"].get("event_features") else ""
-        members = first["train_config"].get("members", NodeTrainConfig().members)
-        if members != NodeTrainConfig().members:
-            flags += f" --members {members}"
+        flags = _head_flags(first["train_config"])
         w("# one head by hand, and its evaluation:")
         w(
             f"dygserve train --task node-classification --data {data} "

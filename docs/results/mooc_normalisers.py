@@ -34,6 +34,8 @@ import numpy as np
 from mooc_transitions import average_precision, online_walk  # its neighbour in docs/results
 from sklearn.linear_model import LogisticRegression
 
+from training.data import read_edge_stream
+
 DEPTH = 3  # u's latest items read, as the model's TRANSITION_DEPTH
 PER_ITEM = ("count", "row sum", "degree", "ratio", "present")
 FEATURES = [f"{name} {k}" for k in range(DEPTH) for name in PER_ITEM] + [
@@ -80,7 +82,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="../shared/data/mooc/edges.csv.gz")
     args = ap.parse_args()
-    src, dst, ts, q70, q85, items = online_walk(args.data)
+    src, dst, ts, q70, q85, items = online_walk(read_edge_stream(args.data))
     rng = np.random.default_rng(0)
     first: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
     second: dict[tuple[int, ...], collections.Counter] = collections.defaultdict(

@@ -29,7 +29,7 @@ import collections
 
 import numpy as np
 
-from training.data import chronological_split, read_edge_stream
+from training.data import EdgeStream, chronological_split, read_edge_stream
 
 
 def average_precision(pos: np.ndarray, neg: np.ndarray) -> float:
@@ -40,10 +40,11 @@ def average_precision(pos: np.ndarray, neg: np.ndarray) -> float:
     return float((precision * hits).sum() / hits.sum())
 
 
-def online_walk(data: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float, np.ndarray]:
+def online_walk(
+    stream: EdgeStream,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float, np.ndarray]:
     """MOOC in time order for an online walk: sources, destinations, times, the start
     of validation and of test (DyGLib's chronological split) and the item ids."""
-    stream = read_edge_stream(data)
     src, dst, ts = stream.src.astype(np.int64), stream.dst.astype(np.int64), stream.t
     q70, q85 = np.quantile(ts, [0.70, 0.85])
     return src, dst, ts, float(q70), float(q85), np.unique(dst)
@@ -57,7 +58,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     stream = read_edge_stream(args.data)  # (its new nodes: the held-out items below)
-    src, dst, ts, q70, q85, items = online_walk(args.data)
+    src, dst, ts, q70, q85, items = online_walk(stream)
     rng = np.random.default_rng(0)
     first: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
     second: dict[tuple[int, int], collections.Counter] = collections.defaultdict(
