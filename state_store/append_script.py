@@ -47,8 +47,10 @@ comes first and lets every later write through: the log then grew past maxmemory
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from .base import AppendResult, NewEvent
 from .common import future_reason, late_reason
 
 _TEMPLATE = """#!lua
@@ -274,3 +276,38 @@ def refusal_reason(kind: str, raw: Any, t: float, skew: float | None) -> str:
 def previous_seqs(raw: list[Any]) -> dict[str, int]:
     """The script's last element: each endpoint's last seq before the batch."""
     return {raw[j].decode(): int(raw[j + 1]) for j in range(0, len(raw), 2)}
+
+
+def combine_slices(slices: Sequence[tuple[list[NewEvent], AppendResult]]) -> AppendResult:
+    """One batch's answer from the answers of its slices, logged one script call after
+    another in input order (``RedisStoreConfig.script_slice``).
+
+    Seqs, ids, duplicates and refusals are the slices' own, in input order (indices
+    shifted); what a slice deduped or refused against an earlier slice it would have
+    within one call too, since the script handles a batch event by event. A node's
+    ``previous_seq`` is its seq before the first slice that logged it, and the applier
+    takes the batch's events of the node as exactly what followed it. That holds only
+    when no other writer logged an event of the node between two slices: a later slice
+    then answers, as the node's previous seq, another seq than the node's last one of
+    the earlier slices, and the node is left out of ``previous_seq`` (the applier reads
+    its stored history instead, as for any node it was not told about)."""
+    out = AppendResult(seqs=[])
+    last: dict[str, int] = {}  # node -> its newest seq logged by the slices so far
+    interleaved: set[str] = set()
+    for events, part in slices:
+        shift = len(out.seqs)
+        out.seqs += part.seqs
+        out.event_ids += part.event_ids
+        out.duplicates += [shift + i for i in part.duplicates]
+        out.late += [(shift + i, reason) for i, reason in part.late]
+        for node, before in part.previous_seq.items():
+            if node not in last:
+                out.previous_seq.setdefault(node, before)
+            elif before != last[node]:
+                interleaved.add(node)
+        for ev, seq in zip(events, part.seqs, strict=True):
+            if seq is not None:
+                last[ev.src] = last[ev.dst] = seq
+    for node in interleaved:
+        out.previous_seq.pop(node, None)
+    return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # For a new cluster deployment: 3 to 8 masters each get an even share, and a batch of
 # 1,000 events still gives each partition's script dozens of entries.
@@ -57,6 +57,17 @@ class RedisStoreConfig(StoreOptions):
         min_length=1,
         description="namespace of every key (several deployments per Redis)",
     )
+    script_slice: int = Field(
+        0,
+        ge=0,
+        description=(
+            "single-slot log only: at most this many events per append script call and "
+            "blobs per compare-and-set call, sent one after another (0 = the whole batch "
+            "in one call). Redis runs one script at a time, so a read that arrives during "
+            "an ingest's script waits for all of it: slices bound that wait at one round "
+            "trip per slice (docs/STATE_STORE.md, 'Script slices')"
+        ),
+    )
     partitions: int | None = Field(
         None,
         ge=1,
@@ -78,6 +89,15 @@ class RedisStoreConfig(StoreOptions):
             "exist, else fenced and aborted)"
         ),
     )
+
+    @model_validator(mode="after")
+    def _slices_on_the_single_slot_log(self) -> RedisStoreConfig:
+        if self.script_slice and self.partition_count > 1:
+            raise ValueError(
+                "script_slice applies to the single-slot log only: a partitioned log "
+                "(partitions > 1) already appends per partition; unset one of them"
+            )
+        return self
 
     @property
     def partition_count(self) -> int:

@@ -50,7 +50,14 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
-from .append_script import APPEND_LUA, header_args, outcome, previous_seqs, refusal_reason
+from .append_script import (
+    APPEND_LUA,
+    combine_slices,
+    header_args,
+    outcome,
+    previous_seqs,
+    refusal_reason,
+)
 from .base import (
     AppendResult,
     LoggedEvent,
@@ -373,6 +380,9 @@ class RedisStore(StateStore):
             groups.setdefault(
                 self._r.keyslot(self.state_key(version, n)) if self.cluster else 0, []
             ).append(n)
+        step = self.config.script_slice
+        if step and not self.cluster:  # each blob is its own compare-and-set: slices keep that
+            groups = {i: nodes[at : at + step] for i, at in enumerate(range(0, len(nodes), step))}
         calls = []
         for group in groups.values():
             args: list[Any] = [ttl]
@@ -383,7 +393,10 @@ class RedisStore(StateStore):
                     blobs[n],
                 ]
             calls.append(([self.state_key(version, n) for n in group], args))
-        results = self._eval_many("cas", calls)
+        if step and not self.cluster:  # one after another: a read waits for one slice at most
+            results = [self._evalsha("cas", *call) for call in calls]
+        else:
+            results = self._eval_many("cas", calls)
         ok = {
             n
             for group, res in zip(groups.values(), results, strict=True)
@@ -441,6 +454,18 @@ class RedisStore(StateStore):
     def append_events(self, events: list[NewEvent]) -> AppendResult:
         if not events:
             return AppendResult(seqs=[])
+        step = self.config.script_slice
+        if not step or len(events) <= step:
+            return self._append_slice(events)
+        return combine_slices(
+            [
+                (events[at : at + step], self._append_slice(events[at : at + step]))
+                for at in range(0, len(events), step)
+            ]
+        )
+
+    def _append_slice(self, events: list[NewEvent]) -> AppendResult:
+        """``append_events`` of events that one script call logs."""
         cfg = self.config
         number: dict[str, int] = {}  # node -> j (1-based), in first-seen order
         for ev in events:
