@@ -194,6 +194,7 @@ def is_loopback_url(url: str) -> bool:
 @dataclass
 class LoadConfig:
     url: str = "http://127.0.0.1:8000"
+    ingest_url: str | None = None  # where the events go, when not to url (ClientConfig)
     data: str = ""
     out: str = "runs/load"
     batch_size: int = 100
@@ -224,12 +225,15 @@ class LoadConfig:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def validate(self) -> None:
-        if not self.allow_remote and not is_loopback_url(self.url):
-            raise ValueError(
-                f"refusing non-loopback target {self.url!r}: pass --allow-remote to load a remote host"
-            )
-        if urlsplit(self.url).scheme not in ("http", "https"):
-            raise ValueError(f"--url must be http(s)://..., got {self.url!r}")
+        for flag, url in (("--url", self.url), ("--ingest-url", self.ingest_url)):
+            if url is None:
+                continue
+            if not self.allow_remote and not is_loopback_url(url):
+                raise ValueError(
+                    f"refusing non-loopback target {url!r}: pass --allow-remote to load a remote host"
+                )
+            if urlsplit(url).scheme not in ("http", "https"):
+                raise ValueError(f"{flag} must be http(s)://..., got {url!r}")
         if self.batch_size < 1 or self.concurrency < 1:
             raise ValueError("--batch-size and --concurrency must be >= 1")
         if self.max_events < 0 or self.duration <= 0:
@@ -594,6 +598,7 @@ def client_config(cfg: LoadConfig) -> ClientConfig:
     n_conn = cfg.concurrency + (cfg.score_concurrency if cfg.score_rate > 0 else 0) + 1
     return ClientConfig(
         url=cfg.url,
+        ingest_url=cfg.ingest_url,
         api_key=cfg.api_key,
         timeout_s=cfg.timeout,
         connect_timeout_s=cfg.timeout,
@@ -646,6 +651,12 @@ def add_load_arguments(p: argparse.ArgumentParser, defaults: LoadConfig | None =
     d = defaults or LoadConfig()
     p.add_argument(
         "--url", default=d.url, help="service base URL (loopback only unless --allow-remote)"
+    )
+    p.add_argument(
+        "--ingest-url",
+        default=d.ingest_url,
+        help="send the events to this service instead (replicas that take the writes; the "
+        "scores still go to --url)",
     )
     p.add_argument(
         "--data",
@@ -770,6 +781,7 @@ def add_load_arguments(p: argparse.ArgumentParser, defaults: LoadConfig | None =
 def config_from_args(a: argparse.Namespace) -> LoadConfig:
     return LoadConfig(
         url=a.url,
+        ingest_url=a.ingest_url,
         data=a.data,
         out=a.out,
         batch_size=a.batch_size,

@@ -94,7 +94,7 @@ class AsyncDygserveClient:
             try:
                 response = await self._http.request(
                     call.method,
-                    call.path,
+                    call.url(self.config),
                     params=call.params,
                     content=call.content,
                     headers=call.headers,

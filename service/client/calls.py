@@ -64,6 +64,13 @@ class Call(Generic[T]):
     resendable: bool = True  # safe to send again after a failure that may have delivered it
     retry: bool = True
     answers: frozenset[int] = field(default_factory=frozenset)  # non-2xx read as the result
+    ingest: bool = False  # a write to the event log: sent to ClientConfig.ingest_url when set
+
+    def url(self, config: ClientConfig) -> str:
+        """Where to send it: the path on the client's base URL, or on the ingest URL."""
+        if self.ingest and config.ingest_url:
+            return config.ingest_url.rstrip("/") + self.path
+        return self.path
 
     @property
     def headers(self) -> dict[str, str] | None:
@@ -93,6 +100,7 @@ def post_events(body: bytes, items: int, *, wait: bool, resendable: bool) -> Cal
         content=body,
         items=items,
         resendable=resendable,
+        ingest=True,
     )
 
 

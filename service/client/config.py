@@ -104,6 +104,13 @@ class BatchLimits(_Frozen):
 
 class ClientConfig(_Frozen):
     url: str = Field(DEFAULT_URL, description="the service's base URL")
+    ingest_url: str | None = Field(
+        None,
+        description="where ingests (POST /v1/events) go when not to ``url``: replicas that "
+        "take the writes, so that the replicas behind ``url`` serve reads without an apply "
+        "in their process (docs/BENCHMARKS.md, 'Reads beside writes'); every replica shares "
+        "the store, so reads see what the ingest replicas applied",
+    )
     api_key: SecretStr | None = Field(
         None, description="sent as X-API-Key on every request (write, admin and, if set, reads)"
     )
@@ -128,8 +135,9 @@ class ClientConfig(_Frozen):
 
     @model_validator(mode="after")
     def _http_url(self) -> ClientConfig:
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url must be http(s)://..., got {self.url!r}")
+        for name, url in (("url", self.url), ("ingest_url", self.ingest_url)):
+            if url is not None and not url.startswith(("http://", "https://")):
+                raise ValueError(f"{name} must be http(s)://..., got {url!r}")
         return self
 
     @classmethod

@@ -90,7 +90,7 @@ class DygserveClient:
             try:
                 response = self._http.request(
                     call.method,
-                    call.path,
+                    call.url(self.config),
                     params=call.params,
                     content=call.content,
                     headers=call.headers,

@@ -355,6 +355,10 @@ def test_refuses_non_loopback_hosts(uci, capsys):
     LoadConfig(url="http://10.1.2.3:8000", allow_remote=True).validate()
     with pytest.raises(ValueError, match="allow-remote"):
         LoadConfig(url="http://10.1.2.3:8000").validate()
+    with pytest.raises(ValueError, match="allow-remote"):  # the ingest URL is held to it too
+        LoadConfig(ingest_url="http://10.1.2.3:8001").validate()
+    with pytest.raises(ValueError, match="--ingest-url must be http"):
+        LoadConfig(ingest_url="ftp://127.0.0.1:8001").validate()
 
 
 # --------------------------------------------------------------------------- data and batches

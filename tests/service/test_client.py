@@ -499,6 +499,46 @@ def test_every_route_with_the_blocking_client(service):
         assert client.reload("a").model_version == info.model_version
 
 
+def _ingested(service: ServiceProcess) -> float:
+    """The service's count of events it logged (``dygserve_events_ingested_total``)."""
+    with service.client(headers={"X-API-Key": KEY}) as http:
+        text = http.get("/metrics").text
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("dygserve_events_ingested_total")
+    )
+
+
+def test_ingests_go_to_the_ingest_url_and_the_reads_see_them(
+    service, models_dir, redis_server, tmp_path
+):
+    writer = start_service(
+        tmp_path,
+        {
+            "DYGSERVE_CHECKPOINT": str(models_dir / "a"),
+            "DYGSERVE_MODELS_DIR": str(models_dir),
+            "DYGSERVE_REDIS_URL": redis_server.url,
+            "DYGSERVE_API_KEY": KEY,
+        },
+    )
+    try:
+        events = stream("split", 60)
+        attempts = Attempts()
+        before = _ingested(service), _ingested(writer)
+        cfg = config(service.url, ingest_url=writer.url + "/")
+        with DygserveClient(cfg, on_attempt=attempts) as client:
+            assert client.ingest(events).accepted == 60
+            assert_applied_once(client, events)  # read on the other replica
+            one = client.score("split-1", "split-2", 100.0)
+        assert _ingested(writer) - before[1] == 60 and _ingested(service) == before[0]
+        assert len(attempts.events()) == 2 and 0.0 < one.probability < 1.0
+    finally:
+        writer.stop()
+    with pytest.raises(ValueError, match="ingest_url"):
+        ClientConfig(ingest_url="redis://nope")
+
+
 def test_score_pairs_are_cut_under_the_limits_and_keep_their_order(service):
     events = stream("cutpairs", 60)
     pairs = [(f"cutpairs-{i % 10}", f"cutpairs-{(i * 3 + 1) % 10}", 70.0) for i in range(240)]
