@@ -71,14 +71,17 @@ def _bodies(data: Path, n: int, dim: int) -> list[bytes]:
     ]
 
 
-def stage_rows(rt: ModelRuntime, redis_url: str, data: Path, reps: int = 3) -> list[str]:
-    """ms per 1,000 events, median of ``reps`` runs of 20 batches (after one warm batch)."""
+def stage_rows(
+    rt: ModelRuntime, redis_url: str, data: Path, reps: int = 3, script_slice: int = 0
+) -> list[str]:
+    """ms per 1,000 events, median of ``reps`` runs of 20 batches (after one warm batch),
+    on the single-slot log with the store's ``script_slice``."""
     bodies = _bodies(data, 21_000, rt.config.edge_feature_dim)
     r = redis.Redis.from_url(redis_url)
     runs: list[dict[str, float]] = []
     for rep in range(reps):
         r.flushall()
-        store = make_store(redis_url)
+        store = make_store(redis_url, script_slice=script_slice)
         engine = Engine(rt, store)
         engine.ingest(EventsRequest.model_validate_json(bodies[0]).model_dump()["events"])
         if rep == 0:
@@ -202,6 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="dygserve bench ingest-costs")
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
     p.add_argument("--data", type=Path, default=Path("../shared/data/uci/edges.csv.gz"))
+    p.add_argument(
+        "--script-slice",
+        type=int,
+        default=0,
+        help="the stage table's store option script_slice (0: whole batches)",
+    )
+    p.add_argument("--stages-only", action="store_true", help="skip the partition table")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     keep_freed_memory()  # as the service does at start
@@ -209,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     proc, url, _ = _start_redis()
     try:
         print("| stage, per 1,000 events with ids | ms |\n| --- | ---: |")
-        print("\n".join(stage_rows(rt, url, args.data)))
+        print("\n".join(stage_rows(rt, url, args.data, script_slice=args.script_slice)))
+        if args.stages_only:
+            return 0
         print()
         print(
             "| layout | events per batch | append per batch (Redis) | append per batch (wall, "

@@ -147,10 +147,12 @@ def open_loop_beside_ingest(
     event_rate: float,
     start_row: int,
     out: Path,
+    ingest_url: str | None = None,
 ) -> OpenLoopReport:
     """``run_open_loop`` while ``event_rate`` events/s (0: none) are ingested beside it in
     batches of 100 by a ``replay_load`` subprocess from row ``start_row`` of ``data`` (its
-    CPU, like the service's, counts against the machine, not against this client)."""
+    CPU, like the service's, counts against the machine, not against this client), sent
+    to ``ingest_url`` (default: the service the reads go to)."""
     import subprocess
     import sys
 
@@ -162,7 +164,7 @@ def open_loop_beside_ingest(
             "-m",
             "loadtests.replay_load",
             "--url",
-            cfg.url,
+            ingest_url or cfg.url,
             "--data",
             str(data),
             "--start-row",

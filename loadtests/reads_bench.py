@@ -4,6 +4,7 @@ one service and one Redis started here; and where a slow answer's time went (ins
 handler, Redis commands over 1 ms). docs/BENCHMARKS.md, "Reads beside writes".
 
     dygserve bench reads [--reps 3] [--seconds 20] [--out runs/bench/reads]
+                         [--ingest-replica] [--script-slice N]
 
 Figures are measurements on the machine that runs them; tests never assert them.
 """
@@ -34,12 +35,15 @@ def bench_reads(
     seconds: float = 20.0,
     warm_events: int = 10_000,
     extra_env: dict[str, str] | None = None,
+    ingest_replica: bool = False,
 ) -> list[str]:
     """Reads beside writes: single GET /v1/score in an open loop at 200 requests/s, with
     no other traffic and with 500 events/s ingested beside it (batches of 100), ``reps``
     times each, alternating, on one service (1 worker) and one Redis started here. The
     first ``warm_events`` UCI events are ingested first, so the pairs read warm states;
-    each repetition's ingest continues the stream where the last stopped."""
+    each repetition's ingest continues the stream where the last stopped. With
+    ``ingest_replica`` the ingest goes to a second service process on the same Redis, as
+    a deployment that keeps its writes off the replicas that serve reads would."""
     out.mkdir(parents=True, exist_ok=True)
     proc, redis_url, workdir = _start_redis()
     redis = redis_lib.Redis.from_url(redis_url)
@@ -50,8 +54,14 @@ def bench_reads(
     slow_redis: dict[int, list[int]] = {0: [], 500: []}
     try:
         svc, url = _start_service(redis_url, checkpoint, str(out), extra_env=extra_env)
+        ingest_svc = ingest_url = None
+        if ingest_replica:  # a second service process on the same Redis takes the writes
+            (out / "ingest").mkdir(exist_ok=True)
+            ingest_svc, ingest_url = _start_service(
+                redis_url, checkpoint, str(out / "ingest"), extra_env=extra_env
+            )
         try:
-            ingest_prefix(url, data, warm_events)
+            ingest_prefix(ingest_url or url, data, warm_events)
             pairs = pairs_from_csv(data, limit=warm_events)
             row = warm_events
             for _ in range(reps):
@@ -66,14 +76,17 @@ def bench_reads(
                         rate,
                         row,
                         out / "ingest_beside_get",
+                        ingest_url,
                     )
                     row += int(rate * (seconds + 10))
                     stats[rate].append(report)
                     inside[rate].append(_slow_get_scores(url) - slow_before)
                     slow_redis[rate].append(len(redis.slowlog_get(1000)))
         finally:
-            svc.terminate()
-            svc.wait(timeout=60)
+            for process in (svc, ingest_svc):
+                if process is not None:
+                    process.terminate()
+                    process.wait(timeout=60)
     finally:
         proc.terminate()
         proc.wait()
@@ -129,8 +142,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=READS_REPS)
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--out", type=Path, default=Path("runs/bench/reads"))
+    p.add_argument(
+        "--ingest-replica",
+        action="store_true",
+        help="send the ingest to a second service process on the same Redis (the reads' "
+        "service then runs no apply)",
+    )
+    p.add_argument(
+        "--script-slice",
+        type=int,
+        default=0,
+        help="the services' DYGSERVE_STORE__SCRIPT_SLICE (0: whole batches per script call)",
+    )
     args = p.parse_args(argv)
-    rows = bench_reads(args.checkpoint, args.data, args.out, args.reps, args.seconds)
+    rows = bench_reads(
+        args.checkpoint,
+        args.data,
+        args.out,
+        args.reps,
+        args.seconds,
+        extra_env={"DYGSERVE_STORE__SCRIPT_SLICE": str(args.script_slice)},
+        ingest_replica=args.ingest_replica,
+    )
     print("\n".join(["| figure | value |", "| --- | --- |", *rows]))
     return 0
 

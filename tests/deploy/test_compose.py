@@ -180,6 +180,21 @@ def test_service_definition(services):
         pytest.fail("a fixed host port cannot serve several replicas: publish a range")
 
 
+def test_the_split_profile_adds_a_replica_for_the_writes(services):
+    ingest, reads = services["dygserve-ingest"], services[SERVICE]
+    assert ingest["profiles"] == ["split"] and "profiles" not in reads
+    env, read_env = _env(ingest), _env(reads)
+    assert env["DYGSERVE_REDIS_URL"] == read_env["DYGSERVE_REDIS_URL"]  # one store for both
+    assert env["DYGSERVE_CHECKPOINT"] == read_env["DYGSERVE_CHECKPOINT"]
+    assert int(_interpolate_default(env["DYGSERVE_STORE__SCRIPT_SLICE"])) > 0
+    read_hosts = {h for _, h, _ in _ports(reads)}
+    ((_, host, target),) = _ports(ingest)
+    assert target == str(SERVICE_PORT) and host not in read_hosts
+    prom = _load(DEPLOY / "prometheus.yml")
+    (job,) = [j for j in prom["scrape_configs"] if j["job_name"] == "dygserve-ingest"]
+    assert job["dns_sd_configs"][0]["names"] == ["dygserve-ingest"]
+
+
 def test_published_ports_are_loopback_only(services):
     for name, svc in services.items():
         for ip, host, _ in _ports(svc):
