@@ -17,7 +17,10 @@ item (DyGLib's random negatives on a bipartite graph), with per (u, x) features:
 * the normalisers: log1p of each latest item's row sum (out-transitions), or of its
   degree, or the smoothed ratio P(x | l);
 * second order: log1p T2[(l2, l1), x] (which item follows u's last two), and the row
-  sum of (l2, l1).
+  sum of (l2, l1);
+* decay: x's column of the table with every entry decayed by exp(-age / tau), age the
+  time since it was counted (what x's record would hold if it decayed), at u's latest
+  three items, and its decayed total, for tau of one and of four days.
 
 A logistic regression is fitted on the validation queries and its test AP printed per
 feature set (AP of positives over negatives, as ``mooc_transitions.py``).
@@ -38,14 +41,43 @@ from training.data import read_edge_stream
 
 DEPTH = 3  # u's latest items read, as the model's TRANSITION_DEPTH
 PER_ITEM = ("count", "row sum", "degree", "ratio", "present")
-FEATURES = [f"{name} {k}" for k in range(DEPTH) for name in PER_ITEM] + [
-    "x total",
-    "x degree",
-    "met before",
-    "u degree",
-    "order 2 count",
-    "order 2 row sum",
-]
+DAY = 86_400.0
+TAUS = {"1 day": DAY, "4 days": 4 * DAY}  # decay constants of the decayed columns
+FEATURES = (
+    [f"{name} {k}" for k in range(DEPTH) for name in PER_ITEM]
+    + ["x total", "x degree", "met before", "u degree", "order 2 count", "order 2 row sum"]
+    + [f"decayed {tau} {k}" for tau in TAUS for k in [*range(DEPTH), "total"]]
+)
+
+
+class DecayedColumns:
+    """Each item's column of the transition table, decayed by exp(-age / tau): scaled
+    down to the item's latest update, then read at the query time."""
+
+    def __init__(self, tau: float) -> None:
+        self.tau = tau
+        self.column: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.total: collections.Counter = collections.Counter()
+        self.at: dict[int, float] = {}
+
+    def add(self, x: int, previous: int, t: float) -> None:
+        if x in self.at:
+            keep = np.exp(-(t - self.at[x]) / self.tau)
+            column = self.column[x]
+            for key in column:
+                column[key] *= keep
+            self.total[x] *= keep
+        self.column[x][previous] += 1.0
+        self.total[x] += 1.0
+        self.at[x] = t
+
+    def read(self, x: int, latest: list[int], t: float) -> list[float]:
+        keep = float(np.exp(-(t - self.at[x]) / self.tau)) if x in self.at else 0.0
+        got = [
+            self.column[x][item] * keep if k < len(latest) else 0.0 for k, item in enumerate(latest)
+        ]
+        got += [0.0] * (DEPTH - len(got)) + [self.total[x] * keep]
+        return [float(np.log1p(g)) for g in got]
 
 
 def features(
@@ -56,6 +88,8 @@ def features(
     row: collections.Counter,
     col: collections.Counter,
     deg: collections.Counter,
+    decayed: list[DecayedColumns],
+    t: float,
 ) -> list[float]:
     latest = u_items[-DEPTH:][::-1]
     f: list[float] = []
@@ -75,6 +109,8 @@ def features(
     pair = tuple(u_items[-2:])
     f += [np.log1p(col[x]), np.log1p(deg[x]), float(x in u_items), np.log1p(len(u_items))]
     f += [np.log1p(second[pair][x]), np.log1p(sum(second[pair].values())) if len(pair) == 2 else 0]
+    for columns in decayed:
+        f += columns.read(x, latest, t)
     return f
 
 
@@ -91,6 +127,7 @@ def main() -> None:
     row: collections.Counter = collections.Counter()
     col: collections.Counter = collections.Counter()
     deg: collections.Counter = collections.Counter()
+    decayed = [DecayedColumns(tau) for tau in TAUS.values()]
     items_of: dict[int, list[int]] = collections.defaultdict(list)
     rows: dict[str, tuple[list[list[float]], list[int]]] = {"val": ([], []), "test": ([], [])}
     for i in range(len(src)):
@@ -98,13 +135,17 @@ def main() -> None:
         part = "val" if q70 <= t < q85 else "test" if t >= q85 else None
         if part and i % 3 == 0:
             for label, x in ((1, v), (0, int(rng.choice(items)))):
-                rows[part][0].append(features(items_of[u], x, first, second, row, col, deg))
+                rows[part][0].append(
+                    features(items_of[u], x, first, second, row, col, deg, decayed, t)
+                )
                 rows[part][1].append(label)
         seen = items_of[u]  # learn only after scoring: a query never sees its own event
         if seen:
             first[seen[-1]][v] += 1
             row[seen[-1]] += 1
             col[v] += 1
+            for columns in decayed:
+                columns.add(v, seen[-1], t)
             if len(seen) >= 2:
                 second[tuple(seen[-2:])][v] += 1
         seen.append(v)
@@ -125,6 +166,11 @@ def main() -> None:
         "+ order 2 count": base + columns("order 2 count"),
         "+ order 2 count and its row sum": base + columns("order 2 count", "order 2 row sum"),
         "+ degrees and order 2 count": base + columns("degree", "order 2 count"),
+        "+ decayed, 1 day": base + [i for i, f in enumerate(FEATURES) if "1 day" in f],
+        "+ decayed, 4 days": base + [i for i, f in enumerate(FEATURES) if "4 days" in f],
+        "+ degrees, order 2 count and decayed, 1 day": base
+        + columns("degree", "order 2 count")
+        + [i for i, f in enumerate(FEATURES) if "1 day" in f],
         "all": list(range(len(FEATURES))),
     }
     print(f"| features ({len(yt) // 2} test positives) | test AP |\n| --- | ---: |")
