@@ -374,15 +374,17 @@ class RedisStore(StateStore):
         if not nodes:
             return WriteOutcome([], [])
         ttl = _ms(self.config.state_ttl_s)
-        # one script call per slot group: all nodes on one server, per slot on a cluster
+        # one script call per slot group: all nodes on one server, per slot on a cluster;
+        # with script slices (one server), per slice: each blob is its own compare-and-set
+        step = 0 if self.cluster else self.config.script_slice
         groups: dict[int, list[str]] = {}
-        for n in nodes:
-            groups.setdefault(
-                self._r.keyslot(self.state_key(version, n)) if self.cluster else 0, []
-            ).append(n)
-        step = self.config.script_slice
-        if step and not self.cluster:  # each blob is its own compare-and-set: slices keep that
+        if step:
             groups = {i: nodes[at : at + step] for i, at in enumerate(range(0, len(nodes), step))}
+        else:
+            for n in nodes:
+                groups.setdefault(
+                    self._r.keyslot(self.state_key(version, n)) if self.cluster else 0, []
+                ).append(n)
         calls = []
         for group in groups.values():
             args: list[Any] = [ttl]
@@ -393,7 +395,7 @@ class RedisStore(StateStore):
                     blobs[n],
                 ]
             calls.append(([self.state_key(version, n) for n in group], args))
-        if step and not self.cluster:  # one after another: a read waits for one slice at most
+        if step:  # one after another: a read waits for one slice at most
             results = [self._evalsha("cas", *call) for call in calls]
         else:
             results = self._eval_many("cas", calls)
