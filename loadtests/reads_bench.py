@@ -82,6 +82,8 @@ def bench_reads(
                     stats[rate].append(report)
                     inside[rate].append(_slow_get_scores(url) - slow_before)
                     slow_redis[rate].append(len(redis.slowlog_get(1000)))
+            # who logged the events: the split is real only if the reads' service logged none
+            logged = [_events_logged(u) for u in (url, ingest_url) if u is not None]
         finally:
             for process in (svc, ingest_svc):
                 if process is not None:
@@ -116,16 +118,33 @@ def bench_reads(
             f"| Redis commands over 1 ms while GETs ran {label} (SLOWLOG, per run) | "
             f"{statistics.median(slow_redis[rate]):.0f} |"
         )
+    rows.append(
+        "| events logged by the service that answered the GETs"
+        + (" / by the ingest replica" if ingest_replica else "")
+        + f" (warm-up included) | {' / '.join(f'{n:,.0f}' for n in logged)} |"
+    )
     return rows
+
+
+def _metric_lines(url: str) -> list[str]:
+    with DygserveClient(url) as client:
+        return client.metrics().splitlines()
+
+
+def _events_logged(url: str) -> float:
+    """The service's ``dygserve_events_ingested_total`` (summed over its labels)."""
+    return sum(
+        float(line.split()[-1])
+        for line in _metric_lines(url)
+        if line.startswith("dygserve_events_ingested_total")
+    )
 
 
 def _slow_get_scores(url: str) -> float:
     """How many GET /v1/score calls so far took the handler more than 5 ms (the service's
     latency histogram: its count minus its 5 ms bucket)."""
-    with DygserveClient(url) as client:
-        text = client.metrics()
     count = under = 0.0
-    for line in text.splitlines():
+    for line in _metric_lines(url):
         if 'route="get_score"' not in line:
             continue
         if line.startswith("dygserve_score_latency_seconds_count"):
