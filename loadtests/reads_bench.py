@@ -21,7 +21,7 @@ import redis as redis_lib
 
 from loadtests.bench import _start_redis, _start_service, ingest_prefix
 from loadtests.open_loop import OpenLoopConfig, open_loop_beside_ingest, pairs_from_csv
-from service.client import DygserveClient
+from service.client import ClientConfig, DygserveClient
 from service.settings import DEFAULT_CHECKPOINT
 
 READS_REPS = 3
@@ -55,12 +55,12 @@ def bench_reads(
     try:
         svc, url = _start_service(redis_url, checkpoint, str(out), extra_env=extra_env)
         ingest_svc = ingest_url = None
-        if ingest_replica:  # a second service process on the same Redis takes the writes
-            (out / "ingest").mkdir(exist_ok=True)
-            ingest_svc, ingest_url = _start_service(
-                redis_url, checkpoint, str(out / "ingest"), extra_env=extra_env
-            )
         try:
+            if ingest_replica:  # a second service process on the same Redis takes the writes
+                (out / "ingest").mkdir(exist_ok=True)
+                ingest_svc, ingest_url = _start_service(
+                    redis_url, checkpoint, str(out / "ingest"), extra_env=extra_env
+                )
             ingest_prefix(ingest_url or url, data, warm_events)
             pairs = pairs_from_csv(data, limit=warm_events)
             row = warm_events
@@ -83,7 +83,7 @@ def bench_reads(
                     inside[rate].append(_slow_get_scores(url) - slow_before)
                     slow_redis[rate].append(len(redis.slowlog_get(1000)))
             # who logged the events: the split is real only if the reads' service logged none
-            logged = [_events_logged(u) for u in (url, ingest_url) if u is not None]
+            logged = [events_logged(u) for u in (url, ingest_url) if u is not None]
         finally:
             for process in (svc, ingest_svc):
                 if process is not None:
@@ -126,16 +126,16 @@ def bench_reads(
     return rows
 
 
-def _metric_lines(url: str) -> list[str]:
-    with DygserveClient(url) as client:
+def _metric_lines(url: str, api_key: str | None = None) -> list[str]:
+    with DygserveClient(ClientConfig(url=url, api_key=api_key, trust_env=False)) as client:
         return client.metrics().splitlines()
 
 
-def _events_logged(url: str) -> float:
+def events_logged(url: str, api_key: str | None = None) -> float:
     """The service's ``dygserve_events_ingested_total`` (summed over its labels)."""
     return sum(
         float(line.split()[-1])
-        for line in _metric_lines(url)
+        for line in _metric_lines(url, api_key)
         if line.startswith("dygserve_events_ingested_total")
     )
 

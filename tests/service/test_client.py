@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtests.reads_bench import events_logged
 from service.app import create_app
 from service.client import (
     AsyncDygserveClient,
@@ -499,17 +500,6 @@ def test_every_route_with_the_blocking_client(service):
         assert client.reload("a").model_version == info.model_version
 
 
-def _ingested(service: ServiceProcess) -> float:
-    """The service's count of events it logged (``dygserve_events_ingested_total``)."""
-    with service.client(headers={"X-API-Key": KEY}) as http:
-        text = http.get("/metrics").text
-    return sum(
-        float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith("dygserve_events_ingested_total")
-    )
-
-
 def test_ingests_go_to_the_ingest_url_and_the_reads_see_them(
     service, models_dir, redis_server, tmp_path
 ):
@@ -525,13 +515,14 @@ def test_ingests_go_to_the_ingest_url_and_the_reads_see_them(
     try:
         events = stream("split", 60)
         attempts = Attempts()
-        before = _ingested(service), _ingested(writer)
+        before = events_logged(service.url, KEY), events_logged(writer.url, KEY)
         cfg = config(service.url, ingest_url=writer.url + "/")
         with DygserveClient(cfg, on_attempt=attempts) as client:
             assert client.ingest(events).accepted == 60
             assert_applied_once(client, events)  # read on the other replica
             one = client.score("split-1", "split-2", 100.0)
-        assert _ingested(writer) - before[1] == 60 and _ingested(service) == before[0]
+        assert events_logged(writer.url, KEY) - before[1] == 60
+        assert events_logged(service.url, KEY) == before[0]
         assert len(attempts.events()) == 2 and 0.0 < one.probability < 1.0
     finally:
         writer.stop()
