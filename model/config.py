@@ -95,6 +95,13 @@ class ModelConfig(BaseModel):
         " at the other endpoint's latest neighbours: the online 'what follows what' table,"
         " kept per node (model/transition_counts.py; 0 = off)",
     )
+    transition_decay: float = Field(
+        0.0,
+        ge=0.0,
+        description="with transition_buckets: time constant T of a second, decayed row of the"
+        " transition counts (each count weighted by exp(-age / T)), read beside the raw one"
+        " (model/transition_counts.py; 0 = off)",
+    )
     time_norm: TimeNormalisation = TimeNormalisation()
     delta_min: float = Field(
         DEFAULT_DELTA_MIN,
@@ -120,6 +127,8 @@ class ModelConfig(BaseModel):
             raise ValueError("role_counts are pair features: they need use_pair_features")
         if self.transition_buckets and not self.use_pair_features:
             raise ValueError("transition counts are pair features: they need use_pair_features")
+        if self.transition_decay and not self.transition_buckets:
+            raise ValueError("transition_decay decays the transition counts: it needs them")
         if self.identity_match_dim and not self.node_hash_buckets:
             raise ValueError(
                 "identity_match_dim needs node_hash_buckets > 0 (the match hashes node ids)"

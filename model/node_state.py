@@ -10,6 +10,7 @@ version, the watermark t_last/last_seq, n_events), then::
     ...    120   with ``role_counts``: the role-count record (15 f64, model/role_counts.py)
     ...    4 B   with ``transition_buckets`` = B: the transition counts (f32,
                  model/transition_counts.py)
+    ...    4 B+4 with ``transition_decay`` as well: the decayed counts and their total
 
 L is the config's ``neighbour_list_len`` (also in header bytes 18..19). The neighbour
 list is kept next to the state (DESIGN "The state of one node"), written by the same
@@ -47,7 +48,7 @@ from state_store.blob_header import (
 from .config import ModelConfig
 from .role_counts import RECORD_WIDTH, advance_flat, empty_records
 from .roles import ROLE_DST
-from .transition_counts import DenseTransitions, TransitionCounts, advance_counts, empty_counts
+from .transition_counts import DenseTransitions, TransitionCounts, advance_counts, record_width
 
 STATE_FORMAT_VERSION = 2
 
@@ -133,20 +134,31 @@ class NeighbourLists:
 
     @classmethod
     def empty(
-        cls, n: int, length: int, role_counts: bool = False, transition_buckets: int = 0
+        cls,
+        n: int,
+        length: int,
+        role_counts: bool = False,
+        transition_buckets: int = 0,
+        transition_decay: float = 0.0,
     ) -> NeighbourLists:
         return cls(
             torch.full((n, length), PAD_KEY, dtype=torch.int64),
             torch.full((n, length), np.inf, dtype=torch.float64),
             torch.from_numpy(empty_records(n)) if role_counts else None,
-            DenseTransitions(empty_counts(n, transition_buckets)) if transition_buckets else None,
+            DenseTransitions.empty(n, transition_buckets, transition_decay)
+            if transition_buckets
+            else None,
         )
 
     @classmethod
     def empty_for(cls, n: int, config: ModelConfig) -> NeighbourLists:
         """Empty lists with the records ``config`` keeps."""
         return cls.empty(
-            n, config.neighbour_list_len, config.role_counts, config.transition_buckets
+            n,
+            config.neighbour_list_len,
+            config.role_counts,
+            config.transition_buckets,
+            config.transition_decay,
         )
 
     def assign(self, rows: torch.Tensor, other: NeighbourLists) -> None:
@@ -212,9 +224,10 @@ class NeighbourLists:
                 raise ValueError("these lists keep transition counts: pass previous neighbours")
             assert isinstance(self.transitions, DenseTransitions)
             prev = np.fromiter((k for keys in previous for k in keys), dtype=np.int64, count=total)
-            buckets = self.transitions.counts.shape[1]
-            transitions = DenseTransitions(
-                advance_counts(self.transitions.counts, rows, prev, buckets)
+            old = self.transitions
+            newest = self.times[:, -1].numpy() if length else np.full(n, np.inf)
+            transitions = old.like(
+                advance_counts(old.counts, rows, prev, old.buckets, old.decay, t, newest)
             )
         if total == 0:
             return NeighbourLists(self.keys.clone(), self.times.clone(), records, transitions)
@@ -255,12 +268,13 @@ class StateCodec:
         self._arrays_size = 4 * (self._h_size + self._conv_size)
         self._records_size = 8 * RECORD_WIDTH if self.role_counts else 0
         self.transition_buckets = config.transition_buckets
+        self.transition_decay = config.transition_decay
         self.blob_size = (
             HEADER_SIZE
             + self._arrays_size
             + 16 * self.list_len
             + self._records_size
-            + 4 * self.transition_buckets
+            + 4 * record_width(self.transition_buckets, self.transition_decay)
         )
         self._shape_fields = (
             MAGIC,
@@ -415,7 +429,11 @@ class StateCodec:
         if self.role_counts:
             records = torch.from_numpy(raw[:, records_at:counts_at].copy().view(np.float64))
         if self.transition_buckets:
-            transitions = DenseTransitions(raw[:, counts_at:].copy().view(np.float32))
+            transitions = DenseTransitions(
+                raw[:, counts_at:].copy().view(np.float32),
+                self.transition_buckets,
+                self.transition_decay,
+            )
         return states, NeighbourLists(
             torch.from_numpy(keys), torch.from_numpy(times), records, transitions
         )

@@ -228,13 +228,18 @@ class NumpyScorer:
         tau: np.ndarray,
     ) -> np.ndarray:
         """``pair_features.transition_inputs`` on numpy rows."""
-        records = DenseTransitions(counts)
+        c = self.config
+        records = DenseTransitions(counts, c.transition_buckets, c.transition_decay)
         return transition_features(
             records.select(iu),
             records.select(iv),
             latest_visible_neighbours(nbr[iu], nbr_t[iu], tau, TRANSITION_DEPTH),
             latest_visible_neighbours(nbr[iv], nbr_t[iv], tau, TRANSITION_DEPTH),
-            self.config.transition_buckets,
+            c.transition_buckets,
+            c.transition_decay,
+            tau,
+            nbr_t[iu, -1],
+            nbr_t[iv, -1],
         )
 
     # ----- the whole call ------------------------------------------------------------
@@ -250,7 +255,7 @@ class NumpyScorer:
         iv: np.ndarray,  # (P,) rows of the destinations
         tau: np.ndarray,  # (P,) float64 query times
         records: np.ndarray | None = None,  # (N, RECORD_WIDTH) float64 with role_counts
-        transitions: np.ndarray | None = None,  # (N, buckets) float32 with transition counts
+        transitions: np.ndarray | None = None,  # (N, record width) float32: transition counts
     ) -> np.ndarray:
         """``streaming.score_nodes`` on numpy arrays: (P,) float32 logits."""
         c = self.config

@@ -48,7 +48,8 @@ def pair_feature_dim(config: ModelConfig) -> int:
     """Columns of the pair features the config computes."""
     snapshot = SNAPSHOT_FEATURE_DIM if config.snapshot_pair_features else 0
     counts = 2 * ROLE_COUNT_FEATURES if config.role_counts else 0
-    return PAIR_FEATURE_DIM + snapshot + counts + transition_feature_dim(config.transition_buckets)
+    transitions = transition_feature_dim(config.transition_buckets, config.transition_decay)
+    return PAIR_FEATURE_DIM + snapshot + counts + transitions
 
 
 def pair_features(
@@ -233,9 +234,7 @@ def pair_inputs(
             ]
             pair = torch.cat([pair, *ends], dim=1)
         if config.transition_buckets:
-            pair = torch.cat(
-                [pair, transition_inputs(config.transition_buckets, tau, lists_u, lists_v)], dim=1
-            )
+            pair = torch.cat([pair, transition_inputs(config, tau, lists_u, lists_v)], dim=1)
     if config.identity_match_dim:
         ids = pair_identity_keys(
             key_u,
@@ -251,7 +250,7 @@ def pair_inputs(
 
 
 def transition_inputs(
-    buckets: int, tau: torch.Tensor, lists_u: NeighbourLists, lists_v: NeighbourLists
+    config: ModelConfig, tau: torch.Tensor, lists_u: NeighbourLists, lists_v: NeighbourLists
 ) -> torch.Tensor:
     """The transition-count columns of pairs (``model/transition_counts.py``): v's
     record at u's latest visible neighbours and u's at v's."""
@@ -264,7 +263,11 @@ def transition_inputs(
         lists_v.transitions,
         latest_u.cpu().numpy(),
         latest_v.cpu().numpy(),
-        buckets,
+        config.transition_buckets,
+        config.transition_decay,
+        tau.detach().cpu().numpy(),
+        lists_u.times[:, -1].cpu().numpy(),
+        lists_v.times[:, -1].cpu().numpy(),
     )
     return torch.from_numpy(feats).to(lists_u.keys.device)
 

@@ -26,7 +26,7 @@ from model.pair_features import PAD_KEY
 from model.role_counts import empty_records, prefix_records
 from model.streaming import NeighbourLists
 from model.transition_counts import PAD as NO_PREVIOUS
-from model.transition_counts import bucket_of
+from model.transition_counts import bucket_of, decay_factor
 
 from .data import EdgeStream
 
@@ -86,7 +86,7 @@ class NodeEventIndex:
     # Role-count records at every prefix (built on first use).
     _records: np.ndarray | None = None
     # Transition counts at every prefix, per number of buckets (built on first use).
-    _transitions: dict[int, PrefixTransitionIndex] | None = None
+    _transitions: dict[tuple[int, float], PrefixTransitionIndex] | None = None
 
     @classmethod
     def build(cls, data: IndexedStream, events: np.ndarray) -> NodeEventIndex:
@@ -144,13 +144,15 @@ class NodeEventIndex:
         has = first > self.offsets[self.other]
         return np.where(has, self.other_key[np.maximum(first - 1, 0)], NO_PREVIOUS)
 
-    def transitions(self, nodes: np.ndarray, m: np.ndarray, buckets: int) -> PrefixTransitions:
+    def transitions(
+        self, nodes: np.ndarray, m: np.ndarray, buckets: int, decay: float = 0.0
+    ) -> PrefixTransitions:
         """Each node's transition counts after its first ``m`` events."""
         if self._transitions is None:
             self._transitions = {}
-        if buckets not in self._transitions:
-            self._transitions[buckets] = PrefixTransitionIndex.build(self, buckets)
-        return PrefixTransitions(self._transitions[buckets], nodes, m)
+        if (buckets, decay) not in self._transitions:
+            self._transitions[(buckets, decay)] = PrefixTransitionIndex.build(self, buckets, decay)
+        return PrefixTransitions(self._transitions[(buckets, decay)], nodes, m)
 
     def neighbour_lists(
         self,
@@ -159,6 +161,7 @@ class NodeEventIndex:
         length: int,
         role_counts: bool = False,
         transition_buckets: int = 0,
+        transition_decay: float = 0.0,
     ) -> NeighbourLists:
         """Last ``length`` (other key, t) entries among each node's first ``m`` events;
         with ``role_counts``, also each node's role-count record after them, and with
@@ -166,7 +169,11 @@ class NodeEventIndex:
         nodes = np.asarray(nodes, dtype=np.int64)
         m = np.asarray(m, dtype=np.int64)
         records = self.role_count_records(nodes, m) if role_counts else None
-        transitions = self.transitions(nodes, m, transition_buckets) if transition_buckets else None
+        transitions = (
+            self.transitions(nodes, m, transition_buckets, transition_decay)
+            if transition_buckets
+            else None
+        )
         j = np.arange(length)
         idx = self.offsets[nodes][:, None] + m[:, None] - length + j[None, :]
         valid = j[None, :] >= (length - m)[:, None]
@@ -236,25 +243,59 @@ class NodeEventIndex:
 class PrefixTransitionIndex:
     """Every node's transition counts at every prefix of its entries, without holding
     them: the entries with a previous neighbour, sorted by (node, bucket, position), so
-    a count is two binary searches."""
+    a count is two binary searches. With ``decay``, each sorted entry also holds its
+    bucket's decayed count as of its own time (``decayed``), and each entry, in node
+    order, the node's decayed total as of its time (``decayed_total``): a read at tau
+    scales the latest of them by exp(-(tau - its time) / decay), as the writers'
+    records do (``model/transition_counts.py``)."""
 
     offsets: np.ndarray
     buckets: int
     span: int  # > any node's entry count
     sorted_keys: np.ndarray  # (node * buckets + bucket) * span + position in the node
     with_previous: np.ndarray  # (M + 1,) running count of entries that have one
+    decay: float = 0.0
+    sorted_t: np.ndarray | None = None  # time of each sorted entry
+    decayed: np.ndarray | None = None  # (sorted) decayed count of its bucket at its time
+    entry_t: np.ndarray | None = None  # (M,) time of each entry, node order
+    decayed_total: np.ndarray | None = None  # (M,) decayed total at each entry's time
 
     @classmethod
-    def build(cls, index: NodeEventIndex, buckets: int) -> PrefixTransitionIndex:
+    def build(
+        cls, index: NodeEventIndex, buckets: int, decay: float = 0.0
+    ) -> PrefixTransitionIndex:
         b = bucket_of(index.counterpart_previous_keys(), buckets)
         sizes = np.diff(index.offsets)
         node = np.repeat(np.arange(index.num_nodes), sizes)
         position = np.arange(len(b)) - index.offsets[node]
         span = int(sizes.max()) + 1 if len(sizes) else 1
         has = b >= 0
-        keys = np.sort((node[has] * buckets + b[has]) * span + position[has])
+        keys = (node[has] * buckets + b[has]) * span + position[has]
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
         running = np.concatenate([[0], np.cumsum(has)])
-        return cls(index.offsets, buckets, span, keys, running)
+        out = cls(index.offsets, buckets, span, keys, running)
+        if decay:
+            out.decay = decay
+            out.sorted_t = index.t[has][order]
+            out.decayed = decayed_runs(keys // span, out.sorted_t, np.ones(len(keys)), decay)
+            out.entry_t = index.t
+            out.decayed_total = decayed_runs(node, index.t, has.astype(np.float64), decay)
+        return out
+
+
+def decayed_runs(group: np.ndarray, t: np.ndarray, add: np.ndarray, decay: float) -> np.ndarray:
+    """Along runs of equal ``group`` (times non-decreasing within a run): after each
+    element, the sum of the run's ``add`` so far, each weighted by exp(-(t_now - t_j) /
+    decay). A plain loop: a running product would under- or overflow over a stream."""
+    out = np.empty(len(t), dtype=np.float64)
+    factor = np.exp(-np.diff(t, prepend=t[:1] if len(t) else t) / decay)
+    same = np.r_[False, group[1:] == group[:-1]] if len(t) else np.zeros(0, dtype=bool)
+    value = 0.0
+    for i, (f, s, a) in enumerate(zip(factor.tolist(), same.tolist(), add.tolist(), strict=True)):
+        value = value * f + a if s else a
+        out[i] = value
+    return out
 
 
 class PrefixTransitions:
@@ -266,14 +307,38 @@ class PrefixTransitions:
     def select(self, index: np.ndarray) -> PrefixTransitions:
         return PrefixTransitions(self.index, self.nodes[index], self.m[index])
 
-    def at(self, buckets: np.ndarray) -> np.ndarray:
+    def _ranges(self, buckets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ix = self.index
         base = (self.nodes[:, None] * ix.buckets + np.maximum(buckets, 0)) * ix.span
         hi = np.searchsorted(ix.sorted_keys, base + self.m[:, None], side="left")
         lo = np.searchsorted(ix.sorted_keys, base, side="left")
-        return np.where(buckets >= 0, hi - lo, 0).astype(np.float32)
+        return lo, np.where(buckets >= 0, hi, lo)
+
+    def at(self, buckets: np.ndarray) -> np.ndarray:
+        lo, hi = self._ranges(buckets)
+        return (hi - lo).astype(np.float32)
 
     def totals(self) -> np.ndarray:
         start = self.index.offsets[self.nodes]
         w = self.index.with_previous
         return (w[start + self.m] - w[start]).astype(np.float32)
+
+    def decayed(
+        self, buckets: np.ndarray, tau: np.ndarray, newest: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """As the writers keep them: each value as of the node's newest entry
+        (``newest``), then scaled to ``tau``."""
+        ix = self.index
+        assert ix.decayed is not None and ix.sorted_t is not None
+        assert ix.decayed_total is not None and ix.entry_t is not None
+        tau, newest = np.asarray(tau, dtype=np.float64), np.asarray(newest, dtype=np.float64)
+        to_tau = decay_factor(tau - newest, ix.decay)
+        lo, hi = self._ranges(buckets)
+        last = np.maximum(hi - 1, 0)
+        value = ix.decayed[last] * decay_factor(newest[:, None] - ix.sorted_t[last], ix.decay)
+        at = np.where(hi > lo, value * to_tau[:, None], 0.0)
+        entry = self.index.offsets[self.nodes] + self.m - 1
+        safe = np.maximum(entry, 0)
+        total = ix.decayed_total[safe] * decay_factor(newest - ix.entry_t[safe], ix.decay)
+        totals = np.where(self.m > 0, total * to_tau, 0.0)
+        return at.astype(np.float32), totals.astype(np.float32)

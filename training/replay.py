@@ -68,7 +68,8 @@ class StreamReplay:
         self.nbr_t = np.full((n, self.length), np.inf, dtype=np.float64)
         self.records = empty_records(n) if model.config.role_counts else None
         self.buckets = model.config.transition_buckets
-        self.transitions = empty_counts(n, self.buckets) if self.buckets else None
+        self.decay = model.config.transition_decay
+        self.transitions = empty_counts(n, self.buckets, self.decay) if self.buckets else None
         self.applied = 0
 
     def per_node_events(self, events: np.ndarray) -> tuple[np.ndarray, list[list[NodeEvent]]]:
@@ -132,7 +133,9 @@ class StreamReplay:
             )
             rows = np.concatenate([d.src[idx], d.dst[idx]])
             prev = np.array(for_src + for_dst, dtype=np.int64)
-            add_counts(self.transitions, rows, prev, self.buckets)
+            times = np.concatenate([d.t[idx], d.t[idx]])
+            newest = self.nbr_t[:, -1] if self.length else np.full(d.num_nodes, np.inf)
+            add_counts(self.transitions, rows, prev, self.buckets, self.decay, times, newest)
         for node, evs in zip(nodes.tolist(), lists, strict=True):
             k = min(len(evs), self.length)
             tail = evs[-k:]
@@ -149,7 +152,9 @@ class StreamReplay:
             torch.from_numpy(self.nbr_keys[nodes]),
             torch.from_numpy(self.nbr_t[nodes]),
             None if self.records is None else torch.from_numpy(self.records[nodes]),
-            None if self.transitions is None else DenseTransitions(self.transitions[nodes]),
+            None
+            if self.transitions is None
+            else DenseTransitions(self.transitions[nodes], self.buckets, self.decay),
         )
 
     def score(self, qs: np.ndarray, qd: np.ndarray, qt: np.ndarray) -> np.ndarray:

@@ -229,7 +229,12 @@ class EpochRunner:
         pair = ids = None
         if cfg.use_pair_features or cfg.identity_match_dim:
             lists = idx.neighbour_lists(
-                q_nodes, q_m, cfg.neighbour_list_len, cfg.role_counts, cfg.transition_buckets
+                q_nodes,
+                q_m,
+                cfg.neighbour_list_len,
+                cfg.role_counts,
+                cfg.transition_buckets,
+                cfg.transition_decay,
             )
             keys = torch.from_numpy(d.keys[q_nodes])
             m_t = torch.from_numpy(q_m)

@@ -20,7 +20,7 @@ from model.pair_features import latest_visible_neighbours as torch_latest_visibl
 from model.pair_features import pair_features as torch_pair_features
 from model.role_counts import advance_records, empty_records
 from model.streaming import score_nodes
-from model.transition_counts import DenseTransitions
+from model.transition_counts import DenseTransitions, record_width
 from service.settings import DEFAULT_CHECKPOINT
 
 N_NODES = 12
@@ -57,8 +57,11 @@ def _nodes(
             )
         lists.records = torch.from_numpy(advance_records(empty_records(N_NODES), per_node))
     if cfg.transition_buckets:  # counts at the buckets of the small key range, and beyond
-        counts = torch.randint(0, 6, (N_NODES, cfg.transition_buckets), generator=gen)
-        lists.transitions = DenseTransitions(counts.numpy().astype(np.float32))
+        width = record_width(cfg.transition_buckets, cfg.transition_decay)
+        counts = torch.randint(0, 6, (N_NODES, width), generator=gen).numpy().astype(np.float32)
+        if cfg.transition_decay:  # decayed counts are fractions
+            counts[:, cfg.transition_buckets :] *= 0.37
+        lists.transitions = DenseTransitions(counts, cfg.transition_buckets, cfg.transition_decay)
     node_keys = (
         torch.arange(N_NODES, dtype=torch.int64) % 9
     )  # node keys collide with neighbour keys
@@ -103,6 +106,7 @@ VARIANTS = {
     "snapshot_counts": {"snapshot_pair_features": True},
     "role_counts": {"snapshot_pair_features": True, "role_counts": True, "role_count_unit": 500.0},
     "transition_counts": {"transition_buckets": 7},
+    "decayed_transition_counts": {"transition_buckets": 7, "transition_decay": 400.0},
 }
 
 

@@ -108,3 +108,58 @@ def test_the_blob_keeps_the_counts_and_the_head_reads_them():
     cols = pair[0, -transition_feature_dim(8) :].numpy()
     # v = node 0 at u's latest neighbours 5, 3, none; v's total; then u's (empty) record.
     np.testing.assert_allclose(cols, np.log1p([4, 1, 0, 5, 0, 0, 0, 0]), rtol=1e-6)
+
+
+def test_decayed_counts_of_the_prefix_index_equal_the_streamed_ones(data_dir):
+    """Wikipedia, 20,000 events written in slices of uneven sizes with their times, and
+    the trainer's prefix index, read at the same query times: the decayed counts at
+    every bucket and the decayed totals agree to float32 rounding."""
+    d = IndexedStream.build(read_edge_stream(data_dir / "wikipedia"))
+    decay, buckets, cut = 86_400.0, 32, 20_000
+    events = np.arange(cut)
+    counts = empty_counts(d.num_nodes, buckets, decay)
+    newest = np.full(d.num_nodes, np.inf)
+    latest: dict[int, int] = {}
+    edges = np.unique(np.r_[0, np.cumsum(np.random.default_rng(1).integers(1, 300, 200)), cut])
+    for lo, hi in zip(edges[:-1], edges[1:], strict=False):
+        ev = events[lo : min(hi, cut)]
+        for_src, for_dst = counterpart_previous(
+            d.keys[d.src[ev]].tolist(), d.keys[d.dst[ev]].tolist(), latest
+        )
+        rows = np.concatenate([d.src[ev], d.dst[ev]])
+        times = np.concatenate([d.t[ev], d.t[ev]])
+        add_counts(counts, rows, np.array(for_src + for_dst), buckets, decay, times, newest)
+        for r, t in zip(rows.tolist(), times.tolist(), strict=True):
+            newest[r] = t if not np.isfinite(newest[r]) else max(newest[r], t)
+    nodes = np.arange(d.num_nodes)
+    index = NodeEventIndex.build(d, events)
+    m = index.prefix_count_before_event(nodes, np.full(d.num_nodes, cut))
+    tau = np.where(np.isfinite(newest), newest, 0.0) + 3_600.0
+    every_bucket = np.tile(np.arange(buckets), (d.num_nodes, 1))
+    prefix = index.transitions(nodes, m, buckets, decay)
+    streamed = DenseTransitions(counts, buckets, decay)
+    got_at, got_total = prefix.decayed(every_bucket, tau, newest)
+    want_at, want_total = streamed.decayed(every_bucket, tau, newest)
+    np.testing.assert_allclose(got_at, want_at, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(got_total, want_total, rtol=2e-5, atol=1e-6)
+    np.testing.assert_array_equal(prefix.at(every_bucket), counts[:, :buckets])
+    # the decay did something: recent visitors weigh more than the raw counts say
+    assert 0 < want_total.sum() < 0.5 * counts[:, :buckets].sum()
+
+
+def test_decayed_counts_by_hand():
+    """x is reached from p at t=0 and from q at t=T; read at 2T the record holds p with
+    weight e^-2 and q with e^-1, and its total their sum; the raw counts are unchanged."""
+    T, buckets, x = 10.0, 8, 0
+    counts = empty_counts(1, buckets, T)
+    newest = np.array([np.inf])
+    add_counts(counts, np.array([x]), np.array([3]), buckets, T, np.array([0.0]), newest)
+    add_counts(counts, np.array([x]), np.array([5]), buckets, T, np.array([T]), np.array([0.0]))
+    record = DenseTransitions(counts, buckets, T)
+    at, total = record.decayed(np.array([[3, 5, PAD]]), np.array([2 * T]), np.array([T]))
+    np.testing.assert_allclose(at[0], [np.exp(-2), np.exp(-1), 0.0], rtol=1e-6)
+    np.testing.assert_allclose(total, [np.exp(-2) + np.exp(-1)], rtol=1e-6)
+    np.testing.assert_array_equal(record.at(np.array([[3, 5]])), [[1.0, 1.0]])
+    # a query behind the record's newest time reads it undecayed, never amplified
+    at, _ = record.decayed(np.array([[5]]), np.array([0.0]), np.array([T]))
+    assert at[0, 0] == 1.0

@@ -153,7 +153,8 @@ def test_transition_counts_replay_over_http_equals_offline_evaluator(
     with gzip.open(data, "wt") as f:
         f.write("\n".join(lines) + "\n")
     ckpt = tmp_path / "ckpt"
-    config = {"d_model": 8, "d_state": 4, "transition_buckets": 32}
+    # raw and decayed counts (the MOOC slice spans about a day, in seconds)
+    config = {"d_model": 8, "d_state": 4, "transition_buckets": 32, "transition_decay": 3_600.0}
     version = train(data, ckpt, config, epochs=1, progress=False, test_eval=False)
     offline, queries, _ = offline_scores(ckpt, data, tmp_path)
     served = served_scores(redis_server, ckpt, data, tmp_path, queries, "exact")

@@ -64,7 +64,8 @@ def small_checkpoint(tmp_path_factory) -> Path:
             snapshot_pair_features=True,  # a wider pair input than the default graph's,
             role_counts=True,  # wider still, from the records kept beside the lists
             role_count_unit=86400.0,
-            transition_buckets=16,  # and the transition counts' columns
+            transition_buckets=16,  # and the transition counts' columns,
+            transition_decay=86400.0,  # raw and decayed
         )
     )
     path = tmp_path_factory.mktemp("small") / "ck"
@@ -124,12 +125,13 @@ def _stream(model, uci) -> tuple[list[torch.Tensor], list[NodeStates], NodeState
     nbr_t = np.full((n_nodes, length), np.inf, dtype=np.float64)
     counts = empty_records(n_nodes) if cfg.role_counts else None
     buckets = cfg.transition_buckets
-    moves = empty_counts(n_nodes, buckets) if buckets else None
+    decay = cfg.transition_decay
+    moves = empty_counts(n_nodes, buckets, decay) if buckets else None
     latest: dict[int, int] = {}
 
     def lists(rows: np.ndarray) -> NeighbourLists:
         held = None if counts is None else torch.from_numpy(counts[rows])
-        came_from = None if moves is None else DenseTransitions(moves[rows])
+        came_from = None if moves is None else DenseTransitions(moves[rows], buckets, decay)
         return NeighbourLists(
             torch.from_numpy(nbr_k[rows]), torch.from_numpy(nbr_t[rows]), held, came_from
         )
@@ -175,7 +177,10 @@ def _stream(model, uci) -> tuple[list[torch.Tensor], list[NodeStates], NodeState
         if moves is not None:
             src, dst = uci["src"][idx], uci["dst"][idx]
             for_src, for_dst = counterpart_previous(keys[src].tolist(), keys[dst].tolist(), latest)
-            add_counts(moves, np.r_[src, dst], np.array(for_src + for_dst), buckets)
+            times = np.r_[t[idx], t[idx]]
+            newest = nbr_t[:, -1]
+            prev = np.array(for_src + for_dst)
+            add_counts(moves, np.r_[src, dst], prev, buckets, decay, times, newest)
         for node, evs in per.items():
             k = min(len(evs), length)
             nbr_k[node, : length - k], nbr_t[node, : length - k] = nbr_k[node, k:], nbr_t[node, k:]
