@@ -29,6 +29,14 @@ Rules:
   docs/results/visibility-experiments.md, "Transition counts on snapshot streams").
   A continuous-time unipartite stream gains nothing (UCI: validation AP 95.48 against
   95.62), so it keeps them off.
+* **Decayed transition counts on a bipartite stream in continuous time.** Beside the raw
+  counts, a second row weighted by exp(-age / T), T = ``TRANSITION_DECAY_SHARE`` of the
+  training span (``transition_decay``): where an item's visitors came from lately.
+  3 seeds each, T = 1 day (the rule gives 1.04 on MOOC, 1.08 on Wikipedia), test AP
+  random / historical / inductive: MOOC 94.27 / 98.05 / 96.28 -> 94.72 / 98.20 / 96.48;
+  Wikipedia 98.87 / 94.91 / 93.96 -> 98.89 / 95.10 / 94.14
+  (docs/results/mooc-experiments.md, "Seventh round"). Snapshot streams keep the raw
+  counts only: under batch visibility the decay was never measured.
 * **Historical training negatives, whatever the share of repeated pairs.** Where pairs
   recur, random negatives alone teach the head that "met before" means "positive",
   which historical and inductive evaluation negatives are built to defeat (on UCI:
@@ -103,6 +111,8 @@ SNAPSHOT_PATIENCE = 10  # ...epochs are chosen on the mean of 3 validation APs, 
 SNAPSHOTS_IN_LIST = 1  # snapshots' worth of a typical node's events its list should hold
 SNAPSHOT_LIST_MAX = 256  # the longest list that rule picks (16 bytes an entry in the blob)
 TRANSITION_BUCKETS = 256  # transition-count buckets (bipartite or snapshot streams; 4 B each)
+# The decayed transition counts' time constant, as a share of the training span.
+TRANSITION_DECAY_SHARE = 1 / 20
 
 
 @dataclass(frozen=True)
@@ -120,6 +130,7 @@ class StreamProfile:
     snapshot_node_events: float = 0.0
     # median time between consecutive snapshots (0: fewer than two snapshots)
     snapshot_spacing: float = 0.0
+    span: float = 0.0  # last training time minus the first
 
     @classmethod
     def of(cls, src: np.ndarray, dst: np.ndarray, t: np.ndarray) -> StreamProfile:
@@ -151,6 +162,7 @@ class StreamProfile:
             snapshot_share=float(in_snapshot.mean()),
             snapshot_node_events=node_events,
             snapshot_spacing=spacing,
+            span=float(t.max() - t.min()),
         )
 
 
@@ -231,6 +243,20 @@ def choose_settings(
         auto.reasons.append(
             f"{transitions_where}: transition counts ({TRANSITION_BUCKETS} buckets), where each"
             " node's counterparts had been just before"
+        )
+    decay_wanted = (
+        profile.bipartite
+        and auto.visibility == "exact"
+        and profile.span > 0
+        and auto.config.get("transition_buckets")
+        and "transition_decay" not in explicit_config
+    )
+    if decay_wanted:
+        decay = profile.span * TRANSITION_DECAY_SHARE
+        auto.config["transition_decay"] = decay
+        auto.reasons.append(
+            f"bipartite in continuous time: the transition counts also decayed, with a time"
+            f" constant of {decay:g} ({TRANSITION_DECAY_SHARE:g} of the training span)"
         )
     counts_chosen = "role_counts" in explicit_config
     if (

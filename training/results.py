@@ -2,7 +2,8 @@
 
     python -m training.results --data ../shared/data --out runs/results --doc docs/RESULTS.md
         [--datasets uci,canparl,uslegis,mooc,wikipedia] [--epochs N] [--max-train-events N]
-        [--no-ablation | --variants full,state_only,features_only,no_transitions] [--no-baselines] [--mrr-k K]
+        [--no-ablation | --variants full,state_only,features_only,no_transitions,no_transition_decay]
+        [--no-baselines] [--mrr-k K]
         [--reuse] [--render-only]
     python -m training.results --node-classification [--datasets wikipedia,mooc]
         [--nc-base NAME=LINK_CHECKPOINT ...] [--nc-seeds 0,1,2]
@@ -16,7 +17,8 @@ Per dataset (folder ``OUT/<name>/``):
    query re-scans both endpoints' last L events from the initial state).
 3. ablation (same budget): ``state_only/`` (use_pair_features=False),
    ``features_only/`` (use_state=False) and, where the trainer kept transition counts,
-   ``no_transitions/`` (transition_buckets=0), evaluated on test (transductive, all
+   ``no_transitions/`` (transition_buckets=0), and where it decayed them,
+   ``no_transition_decay/`` (transition_decay=0), evaluated on test (transductive, all
    negatives).
 
 Each step writes ``summary.json``; ``--reuse`` skips steps whose outputs exist, and
@@ -258,13 +260,16 @@ def run_dataset(
         "full": dict(base),
         "state_only": {**base, "use_pair_features": False, "identity_match_dim": 0},
         "features_only": {**base, "use_state": False},
-        "no_transitions": {**base, "transition_buckets": 0},
+        "no_transitions": {**base, "transition_buckets": 0, "transition_decay": 0.0},
+        "no_transition_decay": {**base, "transition_decay": 0.0},
     }
     for variant, cfg in ((v, variants[v]) for v in wanted):
         vdir = out / variant
         full_config = _get(summary, "variants", "full", "train", "config") or {}
         if variant == "no_transitions" and not full_config.get("transition_buckets"):
             continue  # the trainer kept no transition counts here: nothing to take away
+        if variant == "no_transition_decay" and not full_config.get("transition_decay"):
+            continue  # nor decayed them
         if not (
             reuse and (vdir / "metrics.json").exists() and variant in summary.get("variants", {})
         ):
@@ -528,9 +533,10 @@ def render(summaries: list[dict[str, Any]], doc: Path, out_root: Path) -> None:
         "state_only": "SSM state only (use_pair_features=False)",
         "features_only": "pair/activity features only (use_state=False)",
         "no_transitions": "without transition counts (transition_buckets=0)",
+        "no_transition_decay": "transition counts not decayed (transition_decay=0)",
     }
     for s in summaries:
-        for variant in ("full", "state_only", "features_only", "no_transitions"):
+        for variant in labels:
             v = _get(s, "variants", variant)
             if not v:
                 continue
@@ -694,7 +700,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--variants",
-        default="full,state_only,features_only,no_transitions",
+        default="full,state_only,features_only,no_transitions,no_transition_decay",
         help="which models to train and evaluate",
     )
     ap.add_argument("--no-baselines", action="store_true")
@@ -718,6 +724,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "state_only",
         "features_only",
         "no_transitions",
+        "no_transition_decay",
         "",
     }
     if unknown:

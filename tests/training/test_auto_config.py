@@ -16,6 +16,7 @@ from training.auto_config import (
     SNAPSHOT_PATIENCE,
     SNAPSHOT_SHARE_MIN,
     TRANSITION_BUCKETS,
+    TRANSITION_DECAY_SHARE,
     StreamProfile,
     choose_settings,
     snapshot_list_len,
@@ -52,6 +53,33 @@ def test_bipartite_stream_with_few_items_gets_the_identity_match(data_dir) -> No
     # ...and the transition counts: which items each item's visitors came from.
     assert chosen.config["transition_buckets"] == TRANSITION_BUCKETS
     assert any("transition counts" in r for r in chosen.reasons)
+    # ...decayed, on a time scale of the training span.
+    assert p.span > 0
+    assert chosen.config["transition_decay"] == pytest.approx(p.span * TRANSITION_DECAY_SHARE)
+    assert any("decayed" in r for r in chosen.reasons)
+
+
+def test_decayed_transition_counts_only_in_continuous_time() -> None:
+    """A bipartite snapshot stream keeps its transition counts raw (batch visibility,
+    where the decay was never measured); an explicit decay, or none, wins."""
+    src = np.repeat(np.arange(10), 40)
+    dst = 100 + np.tile(np.arange(40), 10)
+    snapshots = StreamProfile.of(src, dst, np.repeat([0.0, 1.0], 200))
+    chosen = choose_settings(snapshots, {}, None)
+    assert chosen.visibility == "batch" and chosen.config["transition_buckets"]
+    assert "transition_decay" not in chosen.config
+    continuous = StreamProfile.of(src, dst, np.arange(400.0))
+    assert choose_settings(continuous, {}, None).config["transition_decay"] == pytest.approx(
+        399 * TRANSITION_DECAY_SHARE
+    )
+    assert (
+        "transition_decay"
+        not in choose_settings(continuous, {"transition_decay": 0.0}, None).config
+    )
+    assert (
+        "transition_decay"
+        not in choose_settings(continuous, {"transition_buckets": 0}, None).config
+    )
 
 
 def test_unipartite_stream_keeps_the_defaults(data_dir) -> None:
@@ -68,6 +96,7 @@ def test_explicit_settings_win(data_dir) -> None:
     p = _profile(data_dir, "mooc")
     chosen = choose_settings(p, {"neighbour_list_len": 32, "transition_buckets": 0}, 0.0)
     assert chosen.config == {} and chosen.historical_negatives == 0.0
+    assert "transition_decay" not in choose_settings(p, {"transition_decay": 0.0}, None).config
     # Too many items for the hash buckets: no match.
     assert "identity_match_dim" not in choose_settings(p, {"node_hash_buckets": 16}, None).config
 

@@ -55,6 +55,10 @@ def test_render_contains_paper_and_ours(tmp_path) -> None:
                 "train": {"history": [{}], "mean_epoch_time_s": 50.0},
                 "eval": {"test": {"transductive": {**strat, "random": _m(0.91)}}},
             },
+            "no_transition_decay": {
+                "train": {"history": [{}, {}], "mean_epoch_time_s": 51.0},
+                "eval": {"test": {"transductive": {**strat, "random": _m(0.96)}}},
+            },
         },
         "baselines": {
             "edgebank": {"test": {"transductive": strat}},
@@ -72,6 +76,10 @@ def test_render_contains_paper_and_ours(tmp_path) -> None:
     )
     assert (
         "| UCI | without transition counts (transition_buckets=0) | 91.00 | 83.00 | 79.00 |" in text
+    )
+    assert (
+        "| UCI | transition counts not decayed (transition_decay=0) | 96.00 | 83.00 | 79.00 | 2 |"
+        in text
     )
     # Without seed statistics the goal table shows the single run beside the best published.
     assert "| UCI | 97.00 / 97.35 TPNet | 83.00 / 93.96 PINT | 79.00 / 83.61 PINT |" in text
