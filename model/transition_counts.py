@@ -65,10 +65,9 @@ def empty_counts(n: int, buckets: int, decay: float = 0.0) -> np.ndarray:
 
 
 def decay_factor(age: np.ndarray, decay: float) -> np.ndarray:
-    """exp(-max(age, 0) / decay) in float64; an age of +inf (nothing yet) gives 0,
-    and a NaN age (an empty record's newest time, +inf, from +inf) gives 1."""
-    age = np.nan_to_num(np.asarray(age, dtype=np.float64), nan=0.0, posinf=np.inf)
-    return np.exp(-np.maximum(age, 0.0) / decay)
+    """exp(-max(age, 0) / decay) in float64: an age of +inf (nothing yet) gives 0, and a
+    negative or NaN one (a query behind the newest entry; +inf from +inf) gives 1."""
+    return np.exp(-np.fmax(np.asarray(age, dtype=np.float64), 0.0) / decay)
 
 
 def advance_counts(
@@ -110,16 +109,17 @@ def add_counts(
         raise ValueError("decayed transition counts need the entries' and the records' times")
     t = np.asarray(t, dtype=np.float64)
     touched, at = np.unique(rows, return_inverse=True)
-    before = np.asarray(t_newest, dtype=np.float64)[touched]
-    before = np.where(np.isfinite(before), before, -np.inf)
-    after = before.copy()
+    before = np.asarray(t_newest, dtype=np.float64)[touched]  # +inf: an empty record
+    after = np.where(np.isfinite(before), before, -np.inf)
     np.maximum.at(after, at, t)
-    block = counts[touched, buckets:].astype(np.float64)
-    block *= decay_factor(after - before, decay)[:, None]
-    weight = decay_factor(after[at] - t, decay)[has]
-    np.add.at(block, (at[has], b[has]), weight)
-    np.add.at(block, (at[has], np.full(int(has.sum()), buckets)), weight)
-    counts[touched, buckets:] = block
+    scale = decay_factor(after - before, decay).astype(np.float32)[:, None]
+    if len(touched) == len(counts):  # every row (an apply's nodes): no gather and scatter
+        counts[:, buckets:] *= scale
+    else:
+        counts[touched, buckets:] *= scale
+    weight = decay_factor(after[at] - t, decay)[has].astype(np.float32)
+    np.add.at(counts, (rows[has], buckets + b[has]), weight)
+    np.add.at(counts, (rows[has], np.full(int(has.sum()), 2 * buckets)), weight)
 
 
 def counterpart_previous(
