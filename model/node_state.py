@@ -48,7 +48,7 @@ from state_store.blob_header import (
 from .config import ModelConfig
 from .role_counts import RECORD_WIDTH, advance_flat, empty_records
 from .roles import ROLE_DST
-from .transition_counts import DenseTransitions, TransitionCounts, advance_counts, record_width
+from .transition_counts import DenseTransitions, TransitionCounts, add_counts, record_width
 
 STATE_FORMAT_VERSION = 2
 
@@ -226,9 +226,9 @@ class NeighbourLists:
             prev = np.fromiter((k for keys in previous for k in keys), dtype=np.int64, count=total)
             old = self.transitions
             newest = self.times[:, -1].numpy() if length else np.full(n, np.inf)
-            transitions = old.like(
-                advance_counts(old.counts, rows, prev, old.buckets, old.decay, t, newest)
-            )
+            counts = np.array(old.counts, dtype=np.float32, copy=True)  # the lists are values
+            add_counts(counts, rows, prev, old.buckets, old.decay, t, newest)
+            transitions = old.like(counts)
         if total == 0:
             return NeighbourLists(self.keys.clone(), self.times.clone(), records, transitions)
         width = length + int(counts.max())

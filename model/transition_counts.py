@@ -70,21 +70,6 @@ def decay_factor(age: np.ndarray, decay: float) -> np.ndarray:
     return np.exp(-np.fmax(np.asarray(age, dtype=np.float64), 0.0) / decay)
 
 
-def advance_counts(
-    counts: np.ndarray,
-    rows: np.ndarray,
-    previous: np.ndarray,
-    buckets: int,
-    decay: float = 0.0,
-    t: np.ndarray | None = None,
-    t_newest: np.ndarray | None = None,
-) -> np.ndarray:
-    """A copy of ``counts`` with each entry added: ``add_counts``."""
-    out = np.array(counts, dtype=np.float32, copy=True)
-    add_counts(out, rows, previous, buckets, decay, t, t_newest)
-    return out
-
-
 def add_counts(
     counts: np.ndarray,
     rows: np.ndarray,
