@@ -226,9 +226,9 @@ class NeighbourLists:
             prev = np.fromiter((k for keys in previous for k in keys), dtype=np.int64, count=total)
             old = self.transitions
             newest = self.times[:, -1].numpy() if length else np.full(n, np.inf)
-            counts = np.array(old.counts, dtype=np.float32, copy=True)  # the lists are values
-            add_counts(counts, rows, prev, old.buckets, old.decay, t, newest)
-            transitions = old.like(counts)
+            record = np.array(old.counts, dtype=np.float32, copy=True)  # the lists are values
+            add_counts(record, rows, prev, old.buckets, old.decay, t, newest)
+            transitions = old.like(record)
         if total == 0:
             return NeighbourLists(self.keys.clone(), self.times.clone(), records, transitions)
         width = length + int(counts.max())
