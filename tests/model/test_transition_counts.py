@@ -24,10 +24,14 @@ from training.batches import IndexedStream, NodeEventIndex
 from training.data import read_edge_stream
 
 
-def _streamed(d: IndexedStream, events: np.ndarray, buckets: int) -> np.ndarray:
+def _streamed(
+    d: IndexedStream, events: np.ndarray, buckets: int, decay: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
     """Counts after ``events`` written in slices of uneven sizes, as the evaluator and
-    the service write them (a batch at a time, each in stream order)."""
-    counts = empty_counts(d.num_nodes, buckets)
+    the service write them (a batch at a time, each in stream order), and each node's
+    newest entry time (+inf: none), which a decayed record is kept as of."""
+    counts = empty_counts(d.num_nodes, buckets, decay)
+    newest = np.full(d.num_nodes, -np.inf)  # (add_counts reads any non-finite as none)
     latest: dict[int, int] = {}
     cuts = np.unique(
         np.r_[0, np.cumsum(np.random.default_rng(0).integers(1, 500, 200)), len(events)]
@@ -40,8 +44,11 @@ def _streamed(d: IndexedStream, events: np.ndarray, buckets: int) -> np.ndarray:
             d.keys[d.src[ev]].tolist(), d.keys[d.dst[ev]].tolist(), latest
         )
         rows = np.concatenate([d.src[ev], d.dst[ev]])
-        add_counts(counts, rows, np.array(for_src + for_dst, dtype=np.int64), buckets)
-    return counts
+        times = np.concatenate([d.t[ev], d.t[ev]])
+        previous = np.array(for_src + for_dst, dtype=np.int64)
+        add_counts(counts, rows, previous, buckets, decay, times, newest)
+        np.maximum.at(newest, rows, times)
+    return counts, np.where(np.isfinite(newest), newest, np.inf)
 
 
 def test_the_trainers_prefix_counts_equal_the_streamed_ones(data_dir):
@@ -53,7 +60,7 @@ def test_the_trainers_prefix_counts_equal_the_streamed_ones(data_dir):
     nodes = np.arange(d.num_nodes)
     every_bucket = np.tile(np.arange(64), (d.num_nodes, 1))
     for cut in (7_777, 20_000):
-        streamed = _streamed(d, events[:cut], 64)
+        streamed, _ = _streamed(d, events[:cut], 64)
         m = index.prefix_count_before_event(nodes, np.full(d.num_nodes, cut))
         prefix = index.transitions(nodes, m, 64)
         np.testing.assert_array_equal(prefix.at(every_bucket), streamed)
@@ -117,20 +124,7 @@ def test_decayed_counts_of_the_prefix_index_equal_the_streamed_ones(data_dir):
     d = IndexedStream.build(read_edge_stream(data_dir / "wikipedia"))
     decay, buckets, cut = 86_400.0, 32, 20_000
     events = np.arange(cut)
-    counts = empty_counts(d.num_nodes, buckets, decay)
-    newest = np.full(d.num_nodes, np.inf)
-    latest: dict[int, int] = {}
-    edges = np.unique(np.r_[0, np.cumsum(np.random.default_rng(1).integers(1, 300, 200)), cut])
-    for lo, hi in zip(edges[:-1], edges[1:], strict=False):
-        ev = events[lo : min(hi, cut)]
-        for_src, for_dst = counterpart_previous(
-            d.keys[d.src[ev]].tolist(), d.keys[d.dst[ev]].tolist(), latest
-        )
-        rows = np.concatenate([d.src[ev], d.dst[ev]])
-        times = np.concatenate([d.t[ev], d.t[ev]])
-        add_counts(counts, rows, np.array(for_src + for_dst), buckets, decay, times, newest)
-        for r, t in zip(rows.tolist(), times.tolist(), strict=True):
-            newest[r] = t if not np.isfinite(newest[r]) else max(newest[r], t)
+    counts, newest = _streamed(d, events, buckets, decay)
     nodes = np.arange(d.num_nodes)
     index = NodeEventIndex.build(d, events)
     m = index.prefix_count_before_event(nodes, np.full(d.num_nodes, cut))
