@@ -13,7 +13,8 @@ of nodes:
 4. write them compare-and-set on the watermark read in 1 (one round trip). A node
    whose stored watermark moved meanwhile (another writer applied it, or rebuilt it)
    is a conflict: only those are re-read and re-applied, at most ``max_rounds``
-   rounds in all.
+   rounds in all. A node whose re-read watermark has reached the newest event this
+   call brings it is done (the winner applied ours too).
 
 Why this is exactly once: the store appends an event to both endpoints' histories in
 the same atomic step that assigns its seq and refuses late events, so a node's
@@ -81,6 +82,9 @@ class ApplyStats:
     # partitioned log: nodes held back a round because a copy after their watermark
     # was in doubt (re-read after a pause, as conflicts are)
     in_doubt_waits: int = 0
+    # nodes left alone because another writer's blob already held every event this call
+    # brought for them (it read the history after our append): nothing to do there
+    covered_elsewhere: int = 0
     round_trips: int = 0  # store calls made (each one round trip, one per slot group on a cluster)
     rounds: int = 0  # read-advance-write rounds
     marked: int = 0  # events marked applied
@@ -221,6 +225,7 @@ def apply_nodes(
     max_rounds: int = 8,
     known: dict[str, JustLogged] | None = None,
     bringing: frozenset[int] | None = None,
+    newest_brought: dict[str, int] | None = None,
 ) -> ApplyStats:
     """Bring the stored blobs of ``nodes`` up to date with their histories.
 
@@ -229,6 +234,11 @@ def apply_nodes(
     ``bringing``: the seqs of the events this call applies (just logged, or pending);
     a node without a blob whose history starts with one of them is new, not a cold
     rebuild. None: every node written without a blob counts as rebuilt (a backfill).
+    ``newest_brought``: per node, the newest seq of its history this call brings. A
+    node whose stored watermark already reached it is done: another writer folded our
+    events in. Without this, a writer that loses the compare-and-set on a hub would
+    have to catch up with every later event of every other writer before it may stop,
+    and under a steady stream of writers to one hub it could run out of rounds.
     """
     stats = ApplyStats()
     todo = _unique(nodes)
@@ -239,6 +249,18 @@ def apply_nodes(
         blobs = store.read_states(version, todo)
         marks = [None if b is None else read_watermark(b) for b in blobs]
         after = [-1 if m is None else int(m[1]) for m in marks]
+        if newest_brought:
+            keep = [i for i, n in enumerate(todo) if after[i] < newest_brought.get(n, after[i] + 1)]
+            if len(keep) < len(todo):
+                stats.covered_elsewhere += len(todo) - len(keep)
+                todo = [todo[i] for i in keep]
+                blobs, marks, after = (
+                    [blobs[i] for i in keep],
+                    [marks[i] for i in keep],
+                    [after[i] for i in keep],
+                )
+                if not todo:
+                    return stats
         held: set[str] = set()
         histories, read, trips = _new_events(store, todo, after, known, held)
         known = None  # later rounds (conflicts) re-read everything
@@ -318,7 +340,11 @@ def apply_logged(
     ``previous_seq``: ``AppendResult.previous_seq`` of the append that logged exactly
     these events (enables the fast path of ``apply_nodes``); None for re-drives.
     """
-    nodes = _unique(n for e in events for n in _owners(store, e))
+    newest: dict[str, int] = {}
+    for e in events:
+        for n in _owners(store, e):
+            newest[n] = max(newest.get(n, -1), e.seq)
+    nodes = list(newest)
     known = just_logged(events, previous_seq, store) if previous_seq else None
     stats = apply_nodes(
         store,
@@ -328,6 +354,7 @@ def apply_logged(
         max_rounds=max_rounds,
         known=known,
         bringing=frozenset(e.seq for e in events),
+        newest_brought=newest,
     )
     if events:
         maybe_crash(BEFORE_MARK)

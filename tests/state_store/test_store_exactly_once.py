@@ -156,6 +156,51 @@ def test_lost_compare_and_set_reapplies_only_the_new_events(
     assert n_events == [len(h) for h in store.read_histories(all_nodes(log))]
 
 
+def test_a_writer_whose_events_another_writer_applied_stops_there(
+    make, advance: ModelAdvance, events_3000: list[NewEvent]
+) -> None:
+    """Writer A logs events and reads; writer B logs more on the same nodes and applies
+    them together with A's; then C logs still more there, unapplied. A's write loses on
+    B's nodes, and A stops there: its own events are in B's blobs. Catching up with C's
+    as well (as A used to) is what let a writer on a busy hub run out of rounds. C's
+    events stay pending, and the re-drive brings every node to the sequential replay."""
+    store = make()
+    first = events_3000[:40]
+    t_end = max(e.t for e in first)
+    second = [
+        NewEvent(e.src, e.dst, t_end + 1 + i, event_id=f"b{i}") for i, e in enumerate(first[:10])
+    ]
+    third = [
+        NewEvent(e.src, e.dst, t_end + 100 + i, event_id=f"c{i}") for i, e in enumerate(first[:10])
+    ]
+    a_logged = logged_events(first, store.append_events(first))
+    calls = []
+
+    def racing_advance(ns, blobs, new):
+        calls.append(len(ns))
+        if len(calls) == 1:  # B (with A's events) and then C get in between A's read and write
+            apply_logged(
+                store, VERSION, logged_events(second, store.append_events(second)), advance
+            )
+            store.append_events(third)
+        return advance(ns, blobs, new)
+
+    stats = apply_logged(store, VERSION, a_logged, racing_advance)
+    b_nodes = set(all_nodes(second))
+    assert stats.conflicts == len(b_nodes)
+    assert stats.covered_elsewhere == len(b_nodes) and stats.rounds == 2
+    assert len(calls) == 1  # A advanced nothing in its second round
+    # C's events are not in any blob yet: the busy nodes stand at B's newest event
+    marks = advance.codec.decode_many(store.read_states(VERSION, sorted(b_nodes))).n_events
+    histories = store.read_histories(sorted(b_nodes))
+    assert marks.tolist() == [
+        len(h) - sum(e.event_id.startswith("c") for e in h) for h in histories
+    ]
+    assert redrive(store, VERSION, advance).events_applied == 2 * len(third)
+    log = read_whole_log(store)
+    assert_same_states(store, sequential_replay(log, advance), all_nodes(log), advance.codec)
+
+
 # ---- concurrent writer processes -------------------------------------------------------------
 
 
@@ -211,7 +256,8 @@ def test_concurrent_writer_processes(
         store.close()
     print(
         f"\n{backend}: {accepted} accepted, {rejected} late of {len(events_3000)}; {shared} nodes "
-        f"written by several writers; {conflicts} CAS conflicts; max diff {diff:.2e}"
+        f"written by several writers; {conflicts} CAS conflicts, "
+        f"{sum(r['stats']['covered_elsewhere'] for r in results)} nodes left to the writer that won; max diff {diff:.2e}"
     )
 
 
