@@ -526,6 +526,7 @@ class Engine:
             self._note_applied(rt.version, logged.events)
             metrics.EVENTS_APPLIED.inc(stats.marked)
             metrics.COLD_REBUILDS.inc(stats.cold_rebuilds)
+            metrics.APPLY_CONFLICTS.inc(stats.conflicts)
         except Exception:
             self.needs_redrive = True  # logged but maybe not applied: re-drive later
             raise
@@ -543,6 +544,7 @@ class Engine:
             stats = redrive(self.store, rt.version, rt.advance_blobs)
         metrics.EVENTS_APPLIED.inc(stats.marked)
         metrics.COLD_REBUILDS.inc(stats.cold_rebuilds)
+        metrics.APPLY_CONFLICTS.inc(stats.conflicts)
         self.needs_redrive = False
         return getattr(stats, "events_applied", 0)
 

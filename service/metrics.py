@@ -65,6 +65,11 @@ BATCH_SIZE = Histogram(
     "dygserve_batch_size", "events or pairs per request", ["kind"], buckets=BATCH_BUCKETS
 )
 COLD_REBUILDS = Counter("dygserve_cold_rebuilds", "node states rebuilt from history")
+APPLY_CONFLICTS = Counter(
+    "dygserve_apply_conflicts",
+    "node states whose compare-and-set another writer won (re-read, then applied again or"
+    " found already holding the events)",
+)
 STORE_LATENCY = Histogram(
     "dygserve_store_latency_seconds", "state-store calls", ["op"], buckets=LATENCY_BUCKETS
 )

@@ -31,6 +31,7 @@ FIXED_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "dygserve_score_latency_seconds": ("histogram", frozenset({"route"})),
     "dygserve_batch_size": ("histogram", frozenset({"kind"})),
     "dygserve_cold_rebuilds_total": ("counter", frozenset()),
+    "dygserve_apply_conflicts_total": ("counter", frozenset()),
     "dygserve_store_latency_seconds": ("histogram", frozenset({"op"})),
     "dygserve_model_info": ("gauge", frozenset({"version"})),
     "dygserve_kernel_path": ("gauge", frozenset({"path"})),
@@ -261,6 +262,7 @@ def test_required_panels_are_there():
             rf"histogram_quantile\({q}, sum by \(le, route\) \(rate\(dygserve_score_latency_seconds_bucket"
         )
     assert has(r"rate\(dygserve_cold_rebuilds_total")
+    assert has(r"rate\(dygserve_apply_conflicts_total")  # replicas colliding on the same nodes
     assert has(r"by \(le, op\) \(rate\(dygserve_store_latency_seconds_bucket")
     assert has(r"dygserve_model_info")
     assert has(r"dygserve_in_flight_requests")

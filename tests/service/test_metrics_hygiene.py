@@ -6,14 +6,16 @@
 * the label sets a panel divides by exist from the start, at 0 (a 5xx ratio or a
   rejected-by-reason panel shows 0, not "no data");
 * a cold rebuild done by the applier (ingest into a node whose blob is gone) is
-  counted, and a node's first events are not.
+  counted, and a node's first events are not;
+* a compare-and-set lost to another writer is counted, once per node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -26,7 +28,8 @@ from service.app import create_app
 from service.limits import UNBOUNDED_PATHS
 from service.routers import ALL as ROUTERS
 from service.settings import Settings
-from state_store.base import STORE_ERROR_REASONS
+from state_store.applier import apply_logged, logged_events
+from state_store.base import STORE_ERROR_REASONS, NewEvent
 
 from .conftest import make_checkpoint
 
@@ -127,3 +130,35 @@ async def test_cold_rebuilds_by_the_applier_are_counted(app_and_client) -> None:
     assert sample("dygserve_cold_rebuilds_total") == before + 1
     (blob,) = engine.store.read_states(engine.runtime.version, ["u"])
     assert int(engine.runtime.codec.decode_many([blob]).n_events[0]) == 2
+
+
+@pytest.mark.anyio
+async def test_a_compare_and_set_lost_to_another_writer_is_counted(app_and_client) -> None:
+    """Between this request's read of p and its write, a second writer logs a later
+    event of p and applies it (with this request's, which it finds in p's history).
+    The request loses p's compare-and-set, counts it, and finds its event applied."""
+    app, client = app_and_client
+    engine = app.state.engine  # type: ignore[attr-defined]
+    rt = engine.runtime
+    before = sample("dygserve_apply_conflicts_total") or 0.0
+    calls: list[int] = []
+
+    @contextmanager
+    def second_writer_between(runtime, events) -> Iterator:
+        def advance(nodes, blobs, new):
+            calls.append(len(nodes))
+            if len(calls) == 1:
+                other = [NewEvent("p", "q", 5.0)]
+                logged = logged_events(other, engine.store.append_events(other))
+                apply_logged(engine.store, runtime.version, logged, runtime.advance_blobs)
+            return runtime.advance_blobs(nodes, blobs, new)
+
+        yield advance
+
+    engine.apply_watch = second_writer_between
+    r = await client.post("/v1/events", json={"events": [{"src": "p", "dst": "r", "t": 4.0}]})
+    assert r.status_code == 200 and r.json()["applied"]
+    assert calls == [2]  # this request advanced p and r once, and nothing after
+    assert sample("dygserve_apply_conflicts_total") == before + 1  # p; r was only ours
+    p_blob, r_blob = engine.store.read_states(rt.version, ["p", "r"])
+    assert rt.codec.decode_many([p_blob, r_blob]).n_events.tolist() == [2, 1]
