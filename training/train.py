@@ -32,6 +32,7 @@ CLI::
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import json
 import math
@@ -327,6 +328,12 @@ def _load_train_state(
     return doc
 
 
+def _snapshot(
+    model: DygMambaLinkModel, opt: torch.optim.Optimizer
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    return copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+
+
 # ===================================================================== train
 def train(
     data_path: str | Path,
@@ -349,12 +356,21 @@ def train(
     auto: bool = True,
     historical_extra: bool = False,
     select_on: str | None = None,
+    plateau_lr_factor: float = 1.0,
 ) -> str:
     """Train on ``data_path``; save the best-validation checkpoint to ``out_dir``; return its version.
 
     ``visibility``, ``select_on`` and ``patience`` None: chosen from the training split
     (``auto_config``; exact visibility, random negatives and ``DEFAULT_PATIENCE`` unless
-    the stream comes in snapshots)."""
+    the stream comes in snapshots).
+
+    ``plateau_lr_factor`` < 1: an epoch that does not beat the best validation score is
+    undone (model and optimizer back to the best epoch's) and the learning rate is
+    multiplied by it, so the next epochs take smaller steps from the best weights
+    instead of drifting on from worse ones. 1: the weights go on from the last epoch at
+    a constant rate."""
+    if not 0.0 < plateau_lr_factor <= 1.0:
+        raise ValueError("plateau_lr_factor must be in (0, 1]")
     if visibility not in (None, "exact", "batch"):
         raise ValueError("visibility must be 'exact' or 'batch'")
     if select_on not in (None, *SELECTION_NEGATIVES):
@@ -413,6 +429,9 @@ def train(
             best.setdefault("score", best.pop("ap", -math.inf))  # a state saved before select_on
             if doc.get("stopped"):
                 start_epoch = epochs
+    # the best epoch's model and optimizer, to go back to (plateau_lr_factor); a resumed
+    # run holds them already: its saved state is the best epoch's or was restored to it
+    best_state = _snapshot(model, opt) if plateau_lr_factor < 1.0 else None
     info = {
         "dataset": stream.name,
         "data": str(data_path),
@@ -431,6 +450,7 @@ def train(
         "historical_negatives": historical_negatives,
         "historical_negatives_extra": historical_extra,
         "select_on": chosen.select_on,
+        "plateau_lr_factor": plateau_lr_factor,
         "auto": chosen.as_json(profile),
         "max_events": max_events,
         "max_train_events": max_train_events,
@@ -501,6 +521,7 @@ def train(
             "val_ap_global": val["ap_global"],
             **{f"val_ap_{kind}": by_kind[kind]["ap"] for kind in selection if kind != "random"},
             "val_score": score,
+            "lr": opt.param_groups[0]["lr"],
             "epoch_time_s": train_time,
             "eval_time_s": eval_time,
         }
@@ -515,8 +536,16 @@ def train(
             best = {"score": score, "epoch": epoch}
             bad_epochs = 0
             save_checkpoint(out, model, _metrics_doc(info, cfg, history, best, None))
+            if best_state is not None:
+                best_state = _snapshot(model, opt)
         else:
             bad_epochs += 1
+            if best_state is not None:
+                lr_now = opt.param_groups[0]["lr"]
+                model.load_state_dict(best_state[0])
+                opt.load_state_dict(best_state[1])
+                for group in opt.param_groups:
+                    group["lr"] = lr_now * plateau_lr_factor
         _save_train_state(
             out,
             model,
@@ -665,6 +694,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="no settings from the stream's statistics: the ModelConfig defaults and --set only",
     )
+    ap.add_argument(
+        "--plateau-lr-factor",
+        type=float,
+        default=1.0,
+        help="after an epoch without a better validation score, go back to the best epoch's"
+        " weights and multiply the learning rate by this (1: keep going at a constant rate)",
+    )
     ap.add_argument("--resume", action="store_true", help="continue from OUT/train_state")
     ap.add_argument(
         "--set",
@@ -696,6 +732,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         auto=not args.no_auto,
         historical_extra=args.historical_extra,
         select_on=args.select_on,
+        plateau_lr_factor=args.plateau_lr_factor,
     )
     print(f"model version {version} -> {args.out}")
     return 0

@@ -280,6 +280,35 @@ def test_resume_continues_exactly(uci_path, tmp_path) -> None:
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-6)
 
 
+def test_an_epoch_that_is_no_better_is_undone_at_a_smaller_rate(uci_path, tmp_path) -> None:
+    """plateau_lr_factor: after an epoch that does not beat the best validation score,
+    the model and optimizer go back to the best epoch's and the rate shrinks. A rate of
+    0.2 makes this tiny run alternate: epochs 2 and 4 are worse than the best before."""
+    from safetensors.torch import load_file
+
+    train(uci_path, tmp_path, epochs=5, lr=0.2, patience=10, plateau_lr_factor=0.5, **TINY_RUN)
+    state = json.loads((tmp_path / TRAIN_STATE_DIR / "state.json").read_text())
+    history = state["history"]
+    assert [r["lr"] for r in history][0] == 0.2
+    best, new_best = -1.0, []
+    for r in history:
+        new_best.append(r["val_score"] > best)
+        best = max(best, r["val_score"])
+    for before, after, improved in zip(history, history[1:], new_best, strict=False):
+        assert after["lr"] == pytest.approx(before["lr"] * (1.0 if improved else 0.5))
+    assert not all(new_best[:-1]) and not new_best[-1]  # a bad epoch inside, and at the end
+    # the last epoch was undone: the state to resume from is the best epoch's weights,
+    # and the next epoch would run at half the last one's rate
+    saved = load_file(str(tmp_path / TRAIN_STATE_DIR / "model.safetensors"))
+    best_weights = load_checkpoint(tmp_path).model.state_dict()
+    for name, tensor in saved.items():
+        torch.testing.assert_close(tensor, best_weights[name], rtol=0, atol=0)
+    assert state["param_groups"][0]["lr"] == pytest.approx(history[-1]["lr"] * 0.5)
+    assert load_checkpoint(tmp_path).metrics["best_epoch"] == int(
+        np.argmax([r["val_score"] for r in history])
+    )
+
+
 def test_feature_only_ablation_trains(uci_path, tmp_path) -> None:
     train(
         uci_path,
