@@ -166,3 +166,25 @@ def test_extra_historical_negatives_keep_every_random_one(uci) -> None:
     assert np.array_equal(es[n:], rs[moved]) and np.array_equal(ed[n:], rd[moved])
     kept = np.setdiff1d(np.arange(n), moved)
     assert np.array_equal(ed[kept], rd[kept]) and np.array_equal(rs[kept], src[b0:b1][kept])
+
+
+def test_several_random_negatives_per_positive(uci) -> None:
+    data, split = uci
+    ev = np.where(split.train)[0]
+    src, dst = data.src[ev], data.dst[ev]
+    b0, b1, n = 1000, 1200, 200
+    one = TrainNegativeSampler(src, dst, data.num_nodes, 0.5)
+    three = TrainNegativeSampler(src, dst, data.num_nodes, 0.5, random_per_positive=3)
+    os_, od, o_rows = one.sample(np.random.default_rng(5), b0, b1)
+    ts, td, t_rows = three.sample(np.random.default_rng(5), b0, b1)
+    # the first n are the one-each draws (historical pairs mixed in as usual), then two
+    # rounds of random destinations, each round one per positive in order
+    assert np.array_equal(ts[:n], os_) and np.array_equal(td[:n], od)
+    assert np.array_equal(t_rows, np.tile(np.arange(n), 3)) and np.array_equal(
+        o_rows[:n], t_rows[:n]
+    )
+    assert np.array_equal(ts[n:], np.tile(src[b0:b1], 2))
+    assert np.isin(td[n:], np.unique(dst)).all()
+    assert len(np.unique(td[n:])) > 50  # drawn, not one destination repeated
+    with pytest.raises(ValueError):
+        TrainNegativeSampler(src, dst, data.num_nodes, random_per_positive=0)
