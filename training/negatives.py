@@ -52,22 +52,23 @@ class TrainNegativeSampler:
         num_nodes: int,
         historical_fraction: float = 0.0,
         historical_extra: bool = False,
-        random_per_positive: int = 1,
+        per_positive: int = 1,
     ) -> None:
         """``src``/``dst``: the training events in their training order.
 
-        ``random_per_positive`` > 1: that many random destinations per positive (the
-        first replaced by a historical pair as usual, the others always random), so the
-        head sees more of the destinations it must rank the true one above.
+        ``per_positive`` > 1: that many draws per positive, each from the same mix
+        (a random destination, or a historical pair with ``historical_fraction``), so
+        the head sees more of the destinations it must rank the true one above while
+        the share of historical pairs stays what the trainer chose.
 
         ``historical_extra``: the historical pairs come on top of every positive's
         random negative instead of replacing it, so the random ranking the head learns is
         not diluted (the batch then holds more negatives than positives)."""
         if not 0.0 <= historical_fraction <= 1.0:
             raise ValueError("historical_fraction must be in [0, 1]")
-        if random_per_positive < 1:
-            raise ValueError("random_per_positive must be at least 1")
-        self.random_per_positive = random_per_positive
+        if per_positive < 1:
+            raise ValueError("per_positive must be at least 1")
+        self.per_positive = per_positive
         self.src = np.asarray(src, dtype=np.int64)
         self.dst = np.asarray(dst, dtype=np.int64)
         self.num_nodes = num_nodes
@@ -85,17 +86,15 @@ class TrainNegativeSampler:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(src, dst, row): the negatives and, for each, the position in [b0, b1) of the
         positive it is drawn for (its query time). One per positive, in order, then the
-        extra historical ones when ``historical_extra``, then the further random ones
-        (``random_per_positive`` - 1 per positive, in rounds)."""
-        neg_src, neg_dst, rows = self._one_each(rng, b0, b1)
-        if self.random_per_positive == 1:
-            return neg_src, neg_dst, rows
-        u = self.src[b0:b1]
-        more = self.random_per_positive - 1
+        extra historical ones when ``historical_extra``; with ``per_positive`` =
+        K, K such rounds one after another."""
+        rounds = [self._one_each(rng, b0, b1) for _ in range(self.per_positive)]
+        if len(rounds) == 1:
+            return rounds[0]
         return (
-            np.concatenate([neg_src, np.tile(u, more)]),
-            np.concatenate([neg_dst, train_negatives(rng, self.train_dst, more * len(u))]),
-            np.concatenate([rows, np.tile(np.arange(len(u)), more)]),
+            np.concatenate([r[0] for r in rounds]),
+            np.concatenate([r[1] for r in rounds]),
+            np.concatenate([r[2] for r in rounds]),
         )
 
     def _one_each(

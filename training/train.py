@@ -126,7 +126,7 @@ class EpochRunner:
         visibility: str,
         historical_negatives: float = 0.0,
         historical_extra: bool = False,
-        random_negatives: int = 1,
+        negatives_per_positive: int = 1,
     ) -> None:
         self.model, self.data, self.events, self.index = model, data, train_events, index
         self.window, self.visibility = window, visibility
@@ -137,11 +137,11 @@ class EpochRunner:
             data.num_nodes,
             historical_negatives,
             historical_extra,
-            random_negatives,
+            negatives_per_positive,
         )
-        # with several random negatives per positive, the positives weigh as much as
+        # with several negatives per positive, the positives weigh as much as
         # all the negatives together (as with one each)
-        self.positive_weight = float(random_negatives)
+        self.positive_weight = float(negatives_per_positive)
         n = data.num_nodes
         self.anchor = NodeStates.initial(n, model.config)
         self.anchor_count = np.zeros(n, dtype=np.int64)  # events folded into the anchor
@@ -366,7 +366,7 @@ def train(
     historical_extra: bool = False,
     select_on: str | None = None,
     plateau_lr_factor: float = 1.0,
-    random_negatives: int = 1,
+    negatives_per_positive: int = 1,
 ) -> str:
     """Train on ``data_path``; save the best-validation checkpoint to ``out_dir``; return its version.
 
@@ -378,7 +378,8 @@ def train(
     undone (model and optimizer back to the best epoch's) and the learning rate is
     multiplied by it, so the next epochs take smaller steps from the best weights
     instead of drifting on from worse ones. 1: the weights go on from the last epoch at
-    a constant rate. ``random_negatives``: random training negatives per positive."""
+    a constant rate. ``negatives_per_positive``: training negatives per positive, each
+    from the same mix of random and historical ones."""
     if not 0.0 < plateau_lr_factor <= 1.0:
         raise ValueError("plateau_lr_factor must be in (0, 1]")
     if visibility not in (None, "exact", "batch"):
@@ -461,7 +462,7 @@ def train(
         "historical_negatives_extra": historical_extra,
         "select_on": chosen.select_on,
         "plateau_lr_factor": plateau_lr_factor,
-        "random_negatives": random_negatives,
+        "negatives_per_positive": negatives_per_positive,
         "auto": chosen.as_json(profile),
         "max_events": max_events,
         "max_train_events": max_train_events,
@@ -484,7 +485,7 @@ def train(
             visibility,
             historical_negatives,
             historical_extra,
-            random_negatives,
+            negatives_per_positive,
         )
         t0 = time.perf_counter()
         losses, all_logits, all_labels = [], [], []
@@ -714,10 +715,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         " weights and multiply the learning rate by this (1: keep going at a constant rate)",
     )
     ap.add_argument(
-        "--random-negatives",
+        "--negatives-per-positive",
         type=int,
         default=1,
-        help="random training negatives per positive (the positives weighted to match)",
+        help="training negatives per positive, each drawn from the same mix of random and"
+        " historical ones (the positives weighted to match)",
     )
     ap.add_argument("--resume", action="store_true", help="continue from OUT/train_state")
     ap.add_argument(
@@ -751,7 +753,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         historical_extra=args.historical_extra,
         select_on=args.select_on,
         plateau_lr_factor=args.plateau_lr_factor,
-        random_negatives=args.random_negatives,
+        negatives_per_positive=args.negatives_per_positive,
     )
     print(f"model version {version} -> {args.out}")
     return 0

@@ -168,23 +168,27 @@ def test_extra_historical_negatives_keep_every_random_one(uci) -> None:
     assert np.array_equal(ed[kept], rd[kept]) and np.array_equal(rs[kept], src[b0:b1][kept])
 
 
-def test_several_random_negatives_per_positive(uci) -> None:
+def test_several_negatives_per_positive_are_rounds_of_the_same_mix(uci) -> None:
     data, split = uci
     ev = np.where(split.train)[0]
     src, dst = data.src[ev], data.dst[ev]
     b0, b1, n = 1000, 1200, 200
     one = TrainNegativeSampler(src, dst, data.num_nodes, 0.5)
-    three = TrainNegativeSampler(src, dst, data.num_nodes, 0.5, random_per_positive=3)
+    three = TrainNegativeSampler(src, dst, data.num_nodes, 0.5, per_positive=3)
     os_, od, o_rows = one.sample(np.random.default_rng(5), b0, b1)
     ts, td, t_rows = three.sample(np.random.default_rng(5), b0, b1)
-    # the first n are the one-each draws (historical pairs mixed in as usual), then two
-    # rounds of random destinations, each round one per positive in order
+    # the first round is the one-each draw; then two more rounds, each one per positive
+    # in order, each with historical pairs mixed in at the same share
     assert np.array_equal(ts[:n], os_) and np.array_equal(td[:n], od)
-    assert np.array_equal(t_rows, np.tile(np.arange(n), 3)) and np.array_equal(
-        o_rows[:n], t_rows[:n]
-    )
-    assert np.array_equal(ts[n:], np.tile(src[b0:b1], 2))
-    assert np.isin(td[n:], np.unique(dst)).all()
-    assert len(np.unique(td[n:])) > 50  # drawn, not one destination repeated
+    assert np.array_equal(o_rows, np.arange(n)) and np.array_equal(t_rows, np.tile(o_rows, 3))
+    past = set((src[:b0] * data.num_nodes + dst[:b0]).tolist())
+    for k in (1, 2):
+        s_k, d_k = ts[k * n : (k + 1) * n], td[k * n : (k + 1) * n]
+        random_ones = s_k == src[b0:b1]
+        assert np.isin(d_k[random_ones], np.unique(dst)).all()
+        swapped = ~random_ones  # historical pairs: another source, an edge seen before
+        assert 0.2 * n < swapped.sum() < 0.8 * n
+        assert all(int(c) in past for c in s_k[swapped] * data.num_nodes + d_k[swapped])
+    assert not np.array_equal(td[n : 2 * n], td[2 * n :])  # drawn again, not repeated
     with pytest.raises(ValueError):
-        TrainNegativeSampler(src, dst, data.num_nodes, random_per_positive=0)
+        TrainNegativeSampler(src, dst, data.num_nodes, per_positive=0)

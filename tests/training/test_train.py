@@ -309,13 +309,13 @@ def test_an_epoch_that_is_no_better_is_undone_at_a_smaller_rate(uci_path, tmp_pa
     )
 
 
-def test_several_random_negatives_per_positive_train(uci_path, tmp_path) -> None:
-    train(uci_path, tmp_path, epochs=1, random_negatives=3, **TINY_RUN)
+def test_several_negatives_per_positive_train(uci_path, tmp_path) -> None:
+    train(uci_path, tmp_path, epochs=1, negatives_per_positive=3, **TINY_RUN)
     ckpt = load_checkpoint(tmp_path)
-    assert ckpt.metrics["random_negatives"] == 3
+    assert ckpt.metrics["negatives_per_positive"] == 3
     assert 0.5 < ckpt.metrics["val"]["ap"] <= 1.0
     with pytest.raises(ValueError):
-        train(uci_path, tmp_path / "x", epochs=1, random_negatives=0, **TINY_RUN)
+        train(uci_path, tmp_path / "x", epochs=1, negatives_per_positive=0, **TINY_RUN)
 
 
 def test_feature_only_ablation_trains(uci_path, tmp_path) -> None:
