@@ -139,9 +139,11 @@ class EpochRunner:
             historical_extra,
             negatives_per_positive,
         )
-        # with several negatives per positive, the positives weigh as much as
-        # all the negatives together (as with one each)
-        self.positive_weight = float(negatives_per_positive)
+        # with several negatives per positive, the positives weigh as much as all the
+        # negatives together (as with one each); None keeps one negative's loss to the bit
+        self.positive_weight = (
+            torch.tensor(float(negatives_per_positive)) if negatives_per_positive > 1 else None
+        )
         n = data.num_nodes
         self.anchor = NodeStates.initial(n, model.config)
         self.anchor_count = np.zeros(n, dtype=np.int64)  # events folded into the anchor
@@ -269,11 +271,12 @@ class EpochRunner:
         else:
             logits = self.model.head_logit(None, None, pair, ids)
         labels = torch.cat([torch.ones(n_q), torch.zeros(n_neg)])
-        if self.positive_weight == 1.0:
+        if self.positive_weight is None:
             loss = F.binary_cross_entropy_with_logits(logits, labels)
         else:
-            weight = torch.cat([torch.full((n_q,), self.positive_weight), torch.ones(n_neg)])
-            loss = F.binary_cross_entropy_with_logits(logits, labels, weight=weight)
+            loss = F.binary_cross_entropy_with_logits(
+                logits, labels, pos_weight=self.positive_weight
+            )
 
         self.last_batch = {
             "src": u,
