@@ -120,3 +120,64 @@ def test_seed_statistics_are_the_mean_and_spread_of_every_seed(tmp_path) -> None
     assert st["random"]["mean"] == pytest.approx(0.97)
     assert st["historical"]["std"] == pytest.approx(0.02)
     assert not any(tmp_path.iterdir())  # no run was started
+
+
+def _summary(name: str, means: dict[str, float], n: int = 3) -> dict:
+    strat = {k: _m(v) for k, v in means.items()}
+    return {
+        "dataset": name,
+        "budget": {"epochs": 100, "max_train_events": None},
+        "finished": "2026-11-27T09:00:00+00:00",
+        "machine": {"cpu": "Test CPU", "cores": 2, "torch": "torch 2.13.0+cpu"},
+        "variants": {
+            "full": {"train": {"history": [{}]}, "eval": {"test": {"transductive": strat}}}
+        },
+        "seed_stats": {k: {"mean": v, "std": 0.001, "n": n} for k, v in means.items()},
+    }
+
+
+def test_a_cell_at_its_goal_is_bold_and_each_stream_says_how_far_the_others_are(
+    tmp_path,
+) -> None:
+    doc = tmp_path / "RESULTS.md"
+    uci = _summary("uci", {"random": 0.9700, "historical": 0.9500, "inductive": 0.9000})
+    render([uci], doc, tmp_path, missing=["mooc"])
+    text = doc.read_text()
+    assert "| UCI | 97.00 ± 0.10 (3) / 97.35 TPNet | **95.00 ± 0.10 (3)** / 93.96 PINT |" in text
+    assert "- **UCI** meets the goal on hist, ind; rnd 0.35 below TPNet (97.35)." in text
+    assert "- UCI: finished 2026-11-27T09:00:00+00:00 (Test CPU, 2 cores" in text
+    assert "not run with today's trainer yet: MOOC." in text
+
+
+def test_rendering_keeps_the_node_classification_section_and_what_follows_it(tmp_path) -> None:
+    from training.node_results import BEGIN, END
+
+    doc = tmp_path / "RESULTS.md"
+    tail = f"{BEGIN}\n## Dynamic node classification\n| x |\n{END}\n\n### A note by hand\nkept\n"
+    doc.write_text("# old link tables\nstale row\n\n" + tail)
+    render([_summary("uci", {"random": 0.97, "historical": 0.9, "inductive": 0.8})], doc, tmp_path)
+    text = doc.read_text()
+    assert "stale row" not in text and "| UCI |" in text
+    assert text.endswith(tail) and text.count(BEGIN) == 1
+
+
+def test_render_only_uses_the_kept_summaries_where_this_run_has_none(tmp_path) -> None:
+    import json
+
+    doc, out = tmp_path / "RESULTS.md", tmp_path / "runs"
+    kept = tmp_path / "results" / "summaries"  # the default: beside --doc
+    kept.mkdir(parents=True)
+    for name, ap in (("uci", 0.90), ("uslegis", 0.70)):
+        (kept / f"{name}.json").write_text(
+            json.dumps(_summary(name, {"random": ap, "historical": ap, "inductive": ap}))
+        )
+    # This run's own summary of UCI wins over the kept one.
+    (out / "uci").mkdir(parents=True)
+    (out / "uci" / "summary.json").write_text(
+        json.dumps(_summary("uci", {"random": 0.95, "historical": 0.95, "inductive": 0.95}))
+    )
+    assert main(["--out", str(out), "--doc", str(doc), "--render-only", "--datasets", "uci"]) == 0
+    text = doc.read_text()
+    assert "| UCI | 95.00 ± 0.10 (3) / 97.35 TPNet" in text
+    assert "| US Legis. | 70.00 ± 0.10 (3) / 80.58 TPNet" in text
+    assert "not run with today's trainer yet: Can. Parl., MOOC, Wikipedia." in text

@@ -30,6 +30,9 @@ def test_results_rows_replay_with_the_visibility_each_seed_was_trained_with(
     )
     assert rc == 0
     summary = json.loads((out / "snap" / "summary.json").read_text())
+    # A copy is kept beside the document, for a later session's render.
+    kept = tmp_path / "results" / "summaries" / "snap.json"
+    assert json.loads(kept.read_text()) == summary
     full = summary["variants"]["full"]
     assert full["train"]["visibility"] == "batch"
     assert any("batch visibility" in r for r in full["train"]["auto"]["reasons"])
