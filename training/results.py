@@ -2,7 +2,7 @@
 
     python -m training.results --data ../shared/data --out runs/results --doc docs/RESULTS.md
         [--datasets uci,canparl,uslegis,mooc,wikipedia] [--epochs N] [--max-train-events N]
-        [--no-ablation | --variants full,state_only,features_only,no_transitions,no_transition_decay]
+        [--no-ablation | --variants full,state_only,features_only,...]
         [--no-baselines] [--mrr-k K]
         [--reuse] [--render-only]
     python -m training.results --node-classification [--datasets wikipedia,mooc]
@@ -15,10 +15,11 @@ Per dataset (folder ``OUT/<name>/``):
    transductive and inductive, random / historical / inductive negatives, MRR.
 2. baselines on the same queries: EdgeBank (unlimited memory) and "recompute" (each
    query re-scans both endpoints' last L events from the initial state).
-3. ablation (same budget): ``state_only/`` (use_pair_features=False),
-   ``features_only/`` (use_state=False) and, where the trainer kept transition counts,
-   ``no_transitions/`` (transition_buckets=0), and where it decayed them,
-   ``no_transition_decay/`` (transition_decay=0), evaluated on test (transductive, all
+3. ablation (same budget, the first seed; ``VARIANTS``): ``state_only/``
+   (use_pair_features=False), ``features_only/`` (use_state=False), ``linear_time/``
+   (the linear time encoder alone), and each setting the trainer turned on for the
+   stream taken away again: ``no_transitions/``, ``no_transition_decay/``,
+   ``no_role_counts/``, ``no_identity_match/``; evaluated on test (transductive, all
    negatives).
 
 Each step writes ``summary.json``; ``--reuse`` skips steps whose outputs exist, and
@@ -47,7 +48,8 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -229,6 +231,59 @@ BUDGETS: dict[str, dict[str, Any]] = {
 FULL_PROTOCOL_EPOCHS = 100
 
 
+@dataclass(frozen=True)
+class Variant:
+    """A row of the ablation table: the full model's config with ``change`` (a function
+    of the config the trainer chose for the full model), trained where ``applies`` says
+    the trainer turned on what the row takes away."""
+
+    label: str
+    change: Callable[[dict[str, Any]], dict[str, Any]] = lambda full: {}
+    applies: Callable[[dict[str, Any]], bool] = lambda full: True
+
+
+VARIANTS: dict[str, Variant] = {
+    "full": Variant("state + pair features (default)"),
+    "state_only": Variant(
+        "SSM state only (use_pair_features=False)",
+        lambda full: {"use_pair_features": False, "identity_match_dim": 0},
+    ),
+    "features_only": Variant(
+        "pair/activity features only (use_state=False)", lambda full: {"use_state": False}
+    ),
+    "no_transitions": Variant(
+        "without transition counts (transition_buckets=0)",
+        lambda full: {"transition_buckets": 0, "transition_decay": 0.0},
+        lambda full: bool(full.get("transition_buckets")),
+    ),
+    "no_transition_decay": Variant(
+        "transition counts not decayed (transition_decay=0)",
+        lambda full: {"transition_decay": 0.0},
+        lambda full: bool(full.get("transition_decay")),
+    ),
+    "no_role_counts": Variant(
+        "without role counts (role_counts=false)",
+        lambda full: {"role_counts": False},
+        lambda full: bool(full.get("role_counts")),
+    ),
+    # (the identity match comes with lists of 128: the row keeps the full model's lists)
+    "no_identity_match": Variant(
+        "without the identity match (identity_match_dim=0)",
+        lambda full: {
+            "identity_match_dim": 0,
+            "neighbour_list_len": full.get("neighbour_list_len", 32),
+        },
+        lambda full: bool(full.get("identity_match_dim")),
+    ),
+    # Seed 004's lever: the affine encoder of the log-gap alone, without the sinusoids.
+    "linear_time": Variant(
+        "linear time encoder only (time_encoder=linear)",
+        lambda full: {"time_encoder": "linear"},
+        lambda full: full.get("time_encoder", "both") != "linear",
+    ),
+}
+
+
 def _machine() -> dict[str, Any]:
     """What a row ran on, for the document's header."""
     cpu = platform.processor() or platform.machine()
@@ -284,20 +339,13 @@ def run_dataset(
         seed=seeds[0],
     )
     base = budget.get("config", {})
-    variants = {
-        "full": dict(base),
-        "state_only": {**base, "use_pair_features": False, "identity_match_dim": 0},
-        "features_only": {**base, "use_state": False},
-        "no_transitions": {**base, "transition_buckets": 0, "transition_decay": 0.0},
-        "no_transition_decay": {**base, "transition_decay": 0.0},
-    }
-    for variant, cfg in ((v, variants[v]) for v in wanted):
+    for variant in wanted:
         vdir = out / variant
         full_config = _get(summary, "variants", "full", "train", "config") or {}
-        if variant == "no_transitions" and not full_config.get("transition_buckets"):
-            continue  # the trainer kept no transition counts here: nothing to take away
-        if variant == "no_transition_decay" and not full_config.get("transition_decay"):
-            continue  # nor decayed them
+        spec = VARIANTS[variant]
+        if variant != "full" and not spec.applies(full_config):
+            continue  # the trainer did not turn on what this row takes away
+        cfg = {**base, **spec.change(full_config)}
         if not (
             reuse and (vdir / "metrics.json").exists() and variant in summary.get("variants", {})
         ):
@@ -329,7 +377,7 @@ def run_dataset(
             save()
     if "full" in wanted:
         _run_more_seeds(
-            name, data_path, out, budget, variants["full"], seeds, summary, reuse, data, split
+            name, data_path, out, budget, dict(base), seeds, summary, reuse, data, split
         )
         save()
     if baselines and not (reuse and "baselines" in summary):
@@ -593,13 +641,7 @@ def render(
     w("## Ablation (same budget; test, transductive AP)\n")
     w("| dataset | variant | rnd | hist | ind | epochs | s / epoch |")
     w("|---|---|---|---|---|---|---|")
-    labels = {
-        "full": "state + pair features (default)",
-        "state_only": "SSM state only (use_pair_features=False)",
-        "features_only": "pair/activity features only (use_state=False)",
-        "no_transitions": "without transition counts (transition_buckets=0)",
-        "no_transition_decay": "transition counts not decayed (transition_decay=0)",
-    }
+    labels = {name: spec.label for name, spec in VARIANTS.items()}
     for s in summaries:
         for variant in labels:
             v = _get(s, "variants", variant)
@@ -778,7 +820,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument(
         "--variants",
-        default="full,state_only,features_only,no_transitions,no_transition_decay",
+        default=",".join(VARIANTS),
         help="which models to train and evaluate",
     )
     ap.add_argument("--no-baselines", action="store_true")
@@ -803,14 +845,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.node_classification:  # only the node-classification section
         torch.set_num_threads(args.threads)
         return node_results.run_from_args(args)
-    unknown = set(args.variants.split(",")) - {
-        "full",
-        "state_only",
-        "features_only",
-        "no_transitions",
-        "no_transition_decay",
-        "",
-    }
+    unknown = set(args.variants.split(",")) - set(VARIANTS) - {""}
     if unknown:
         ap.error(f"unknown variant(s) {sorted(unknown)}")
     torch.set_num_threads(args.threads)
