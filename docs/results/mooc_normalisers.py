@@ -21,12 +21,20 @@ item (DyGLib's random negatives on a bipartite graph), with per (u, x) features:
 * decay: x's column of the table with every entry decayed by exp(-age / tau), age the
   time since it was counted (what x's record would hold if it decayed), at u's latest
   three items, and its decayed total, for tau of one and six hours, one and four days,
-  alone and two together.
+  alone and two together;
+* TPNet's walk projections (``walk_projections.py``; added 2026-11-27): per node the
+  decayed sums s1 (its neighbours' fixed random vectors) and s2 (its neighbours' s1 as
+  of each event), d = 128, decayed over a twentieth of the span as the trainer's rule
+  decays the counts, and the pair's eight inner products between r, s1 and s2 of u
+  and x: on a student-item stream <s2_u, s1_x> counts, decayed, the students who
+  visited one of u's items before u did and then visited x, the co-visitation signal
+  that the transition counts (which item follows which) only see in sequence.
 
-A logistic regression is fitted on the validation queries and its test AP printed per
-feature set (AP of positives over negatives, as ``mooc_transitions.py``).
+A logistic regression (``--mlp``: a small MLP on standardised features) is fitted on
+the validation queries and its test AP printed per feature set (AP of positives over negatives, as
+``mooc_transitions.py``).
 
-    python docs/results/mooc_normalisers.py [--data ../shared/data/mooc/edges.csv.gz]
+    python docs/results/mooc_normalisers.py [--data ../shared/data/mooc/edges.csv.gz] [--mlp]
 """
 
 from __future__ import annotations
@@ -37,6 +45,10 @@ import collections
 import numpy as np
 from mooc_transitions import average_precision, online_walk  # its neighbour in docs/results
 from sklearn.linear_model import LogisticRegression
+from sklearn.neural_network import MLPClassifier
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from walk_projections import Projections  # likewise
 
 from training.data import read_edge_stream
 
@@ -50,7 +62,9 @@ FEATURES = (
     [f"{name} {k}" for k in range(DEPTH) for name in PER_ITEM]
     + ["x total", "x degree", "met before", "u degree", "order 2 count", "order 2 row sum"]
     + [f"decayed {tau} {k}" for tau in TAUS for k in [*range(DEPTH), "total"]]
+    + [f"projection {k}" for k in range(8)]
 )
+PROJECTION_DIM = 128
 
 
 class DecayedColumns:
@@ -93,6 +107,7 @@ def features(
     deg: collections.Counter,
     decayed: list[DecayedColumns],
     t: float,
+    walks: list[float],
 ) -> list[float]:
     latest = u_items[-DEPTH:][::-1]
     f: list[float] = []
@@ -114,12 +129,13 @@ def features(
     f += [np.log1p(second[pair][x]), np.log1p(sum(second[pair].values())) if len(pair) == 2 else 0]
     for columns in decayed:
         f += columns.read(x, latest, t)
-    return f
+    return f + walks
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="../shared/data/mooc/edges.csv.gz")
+    ap.add_argument("--mlp", action="store_true", help="a small MLP (64) instead of the regression")
     args = ap.parse_args()
     src, dst, ts, q70, q85, items = online_walk(read_edge_stream(args.data))
     rng = np.random.default_rng(0)
@@ -132,6 +148,11 @@ def main() -> None:
     deg: collections.Counter = collections.Counter()
     decayed = [DecayedColumns(tau) for tau in TAUS.values()]
     items_of: dict[int, list[int]] = collections.defaultdict(list)
+    # (their own generator: the negatives stay those of the earlier rows)
+    r = np.random.default_rng(1).normal(
+        0.0, 1.0 / np.sqrt(PROJECTION_DIM), (int(max(src.max(), dst.max())) + 1, PROJECTION_DIM)
+    )
+    walks = Projections(r, float(ts[-1] - ts[0]) / 20)
     rows: dict[str, tuple[list[list[float]], list[int]]] = {"val": ([], []), "test": ([], [])}
     for i in range(len(src)):
         u, v, t = int(src[i]), int(dst[i]), ts[i]
@@ -139,7 +160,18 @@ def main() -> None:
         if part and i % 3 == 0:
             for label, x in ((1, v), (0, int(rng.choice(items)))):
                 rows[part][0].append(
-                    features(items_of[u], x, first, second, row, col, deg, decayed, t)
+                    features(
+                        items_of[u],
+                        x,
+                        first,
+                        second,
+                        row,
+                        col,
+                        deg,
+                        decayed,
+                        t,
+                        walks.pair(u, x, t),
+                    )
                 )
                 rows[part][1].append(label)
         seen = items_of[u]  # learn only after scoring: a query never sees its own event
@@ -152,6 +184,7 @@ def main() -> None:
             if len(seen) >= 2:
                 second[tuple(seen[-2:])][v] += 1
         seen.append(v)
+        walks.add(u, v, t)
         deg[u] += 1
         deg[v] += 1
     xv, yv = np.array(rows["val"][0]), np.array(rows["val"][1])
@@ -181,12 +214,27 @@ def main() -> None:
         "+ degrees, order 2 count and decayed, 1 day": base
         + columns("degree", "order 2 count")
         + decayed_columns("1 day"),
+        "+ decayed, 1 day, and order 2 count": base
+        + decayed_columns("1 day")
+        + columns("order 2 count"),
+        "+ walk projections": base + columns("projection"),
+        "+ decayed, 1 day, and walk projections": base
+        + decayed_columns("1 day")
+        + columns("projection"),
+        "all but the walk projections": [
+            i for i, f in enumerate(FEATURES) if not f.startswith("projection")
+        ],
         "all": list(range(len(FEATURES))),
     }
     print(f"| features ({len(yt) // 2} test positives) | test AP |\n| --- | ---: |")
     for name, cols in sets.items():
-        model = LogisticRegression(max_iter=2000).fit(xv[:, cols], yv)
-        p = model.decision_function(xt[:, cols])
+        # (the regression on the raw features, as in the rows written before the MLP)
+        model = (
+            make_pipeline(StandardScaler(), MLPClassifier((64,), max_iter=300, random_state=0))
+            if args.mlp
+            else LogisticRegression(max_iter=2000)
+        )
+        p = model.fit(xv[:, cols], yv).predict_proba(xt[:, cols])[:, 1]
         print(f"| {name} | {100 * average_precision(p[yt == 1], p[yt == 0]):.2f} |")
 
 
