@@ -102,6 +102,12 @@ class ModelConfig(BaseModel):
         " transition counts (each count weighted by exp(-age / T)), read beside the raw one"
         " (model/transition_counts.py; 0 = off)",
     )
+    transition_order2: bool = Field(
+        False,
+        description="with transition_buckets: a second record of the same shape that counts"
+        " where the counterparts came from two steps back (the pair of their two previous"
+        " neighbours), read at the other endpoint's latest pair (model/transition_counts.py)",
+    )
     time_norm: TimeNormalisation = TimeNormalisation()
     delta_min: float = Field(
         DEFAULT_DELTA_MIN,
@@ -129,6 +135,10 @@ class ModelConfig(BaseModel):
             raise ValueError("transition counts are pair features: they need use_pair_features")
         if self.transition_decay and not self.transition_buckets:
             raise ValueError("transition_decay decays the transition counts: it needs them")
+        if self.transition_order2 and not self.transition_buckets:
+            raise ValueError("transition_order2 is a second transition record: it needs the first")
+        if self.transition_order2 and self.neighbour_list_len < 2:
+            raise ValueError("transition_order2 reads a node's two latest neighbours: lists of 2+")
         if self.identity_match_dim and not self.node_hash_buckets:
             raise ValueError(
                 "identity_match_dim needs node_hash_buckets > 0 (the match hashes node ids)"

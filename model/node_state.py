@@ -48,7 +48,13 @@ from state_store.blob_header import (
 from .config import ModelConfig
 from .role_counts import RECORD_WIDTH, advance_flat, empty_records
 from .roles import ROLE_DST
-from .transition_counts import DenseTransitions, TransitionCounts, add_counts, record_width
+from .transition_counts import (
+    DenseTransitions,
+    TransitionCounts,
+    add_transitions,
+    pair_keys,
+    record_width,
+)
 
 STATE_FORMAT_VERSION = 2
 
@@ -140,12 +146,13 @@ class NeighbourLists:
         role_counts: bool = False,
         transition_buckets: int = 0,
         transition_decay: float = 0.0,
+        transition_order2: bool = False,
     ) -> NeighbourLists:
         return cls(
             torch.full((n, length), PAD_KEY, dtype=torch.int64),
             torch.full((n, length), np.inf, dtype=torch.float64),
             torch.from_numpy(empty_records(n)) if role_counts else None,
-            DenseTransitions.empty(n, transition_buckets, transition_decay)
+            DenseTransitions.empty(n, transition_buckets, transition_decay, transition_order2)
             if transition_buckets
             else None,
         )
@@ -159,6 +166,7 @@ class NeighbourLists:
             config.role_counts,
             config.transition_buckets,
             config.transition_decay,
+            config.transition_order2,
         )
 
     def assign(self, rows: torch.Tensor, other: NeighbourLists) -> None:
@@ -201,13 +209,17 @@ class NeighbourLists:
         )
 
     def extended(
-        self, per_node: Sequence[Sequence[Any]], previous: Sequence[Sequence[int]] | None = None
+        self,
+        per_node: Sequence[Sequence[Any]],
+        previous: Sequence[Sequence[int]] | None = None,
+        previous2: Sequence[Sequence[int]] | None = None,
     ) -> NeighbourLists:
         """The lists after appending each node's new entries (objects with ``other_key``,
         ``t`` and ``role``, oldest first): the last L of old + new, vectorised over
         nodes; the role-count records, where kept, advanced over the same entries, and
         the transition counts, where kept, with ``previous``: per entry, the key of the
-        other endpoint's previous neighbour (``transition_counts.PAD``: none)."""
+        other endpoint's previous neighbour (``transition_counts.PAD``: none), and for
+        second-order records ``previous2``, the neighbour before that one."""
         n, length = self.keys.shape
         counts = np.fromiter((len(e) for e in per_node), dtype=np.int64, count=n)
         total = int(counts.sum())
@@ -227,7 +239,13 @@ class NeighbourLists:
             old = self.transitions
             newest = self.times[:, -1].numpy() if length else np.full(n, np.inf)
             record = np.array(old.counts, dtype=np.float32, copy=True)  # the lists are values
-            add_counts(record, rows, prev, old.buckets, old.decay, t, newest)
+            pairs = None
+            if previous2 is not None:
+                prev2 = np.fromiter(
+                    (k for ks in previous2 for k in ks), dtype=np.int64, count=total
+                )
+                pairs = pair_keys(prev2, prev)
+            add_transitions(record, rows, prev, old.buckets, old.decay, t, newest, pairs)
             transitions = old.like(record)
         if total == 0:
             return NeighbourLists(self.keys.clone(), self.times.clone(), records, transitions)
@@ -274,7 +292,8 @@ class StateCodec:
             + self._arrays_size
             + 16 * self.list_len
             + self._records_size
-            + 4 * record_width(self.transition_buckets, self.transition_decay)
+            + 4
+            * record_width(self.transition_buckets, self.transition_decay, config.transition_order2)
         )
         self._shape_fields = (
             MAGIC,

@@ -240,6 +240,7 @@ class NumpyScorer:
             tau,
             nbr_t[iu, -1],
             nbr_t[iv, -1],
+            c.transition_order2,
         )
 
     # ----- the whole call ------------------------------------------------------------

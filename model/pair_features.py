@@ -48,7 +48,9 @@ def pair_feature_dim(config: ModelConfig) -> int:
     """Columns of the pair features the config computes."""
     snapshot = SNAPSHOT_FEATURE_DIM if config.snapshot_pair_features else 0
     counts = 2 * ROLE_COUNT_FEATURES if config.role_counts else 0
-    transitions = transition_feature_dim(config.transition_buckets, config.transition_decay)
+    transitions = transition_feature_dim(
+        config.transition_buckets, config.transition_decay, config.transition_order2
+    )
     return PAIR_FEATURE_DIM + snapshot + counts + transitions
 
 
@@ -268,6 +270,7 @@ def transition_inputs(
         tau.detach().cpu().numpy(),
         lists_u.times[:, -1].cpu().numpy(),
         lists_v.times[:, -1].cpu().numpy(),
+        config.transition_order2,
     )
     return torch.from_numpy(feats).to(lists_u.keys.device)
 

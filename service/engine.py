@@ -220,21 +220,23 @@ class ModelRuntime:
             [per_node[i] for i in order],
         )
         states, lists = self.decode(blobs)
-        previous = None
+        previous: list[list[int]] | None = None
+        previous2: list[list[int]] | None = None
         if self.config.transition_buckets:
             log = log or self.log
             if log is None:
                 raise ValueError("this model keeps transition counts: advancing needs the log")
-            previous = counterparts_previous(
-                log,
-                nodes,
-                [new_events[i] for i in order],
-                lists.keys[:, -1].tolist() if lists.keys.shape[1] else [PAD] * len(nodes),
-            )
+            # each node's blob's newest list entries (one, or two for second-order counts)
+            depth = 2 if self.config.transition_order2 else 1
+            tails = lists.keys[:, -depth:].tolist()
+            if lists.keys.shape[1] < depth:
+                tails = [[PAD] * depth for _ in nodes]
+            before = counterparts_before(log, nodes, [new_events[i] for i in order], tails)
+            previous = before[0]
+            previous2 = before[1] if depth == 2 else None
         new = self.kernels.advance(states.to(self.device), per_node).to("cpu")
-        return dict(
-            zip(nodes, self.codec.encode_many(new, lists.extended(per_node, previous)), strict=True)
-        )
+        extended = lists.extended(per_node, previous, previous2)
+        return dict(zip(nodes, self.codec.encode_many(new, extended), strict=True))
 
 
 def resolve_device(device: str) -> torch.device:
@@ -261,56 +263,87 @@ def counterparts_previous(
 ) -> list[list[int]]:
     """Per node and entry (``node_events``' entries: a self-loop is two), the key of the
     other endpoint's neighbour before the event (model/transition_counts.py;
-    ``transition_counts.PAD``: none): what ``log.neighbours_before`` answers.
+    ``transition_counts.PAD``: none): what ``log.neighbours_before`` answers
+    (``counterparts_before``, one entry back)."""
+    return counterparts_before(log, nodes, new_events, [[k] for k in latest_keys])[0]
+
+
+def counterparts_before(
+    log: EventLog,
+    nodes: list[str],
+    new_events: list[list[LoggedEvent]],
+    tail_keys: list[list[int]],
+) -> list[list[list[int]]]:
+    """Per depth d (the neighbour d + 1 entries back; as many depths as ``tail_keys``
+    has columns, 1 or 2), node and entry (``node_events``' entries: a self-loop is two),
+    the key of the other endpoint's neighbour before the event: what
+    ``log.neighbours_before`` (and ``two_neighbours_before``) answer. ``tail_keys``:
+    each node's blob's newest list entries, oldest first (PAD where fewer).
 
     Most answers are already in hand: when the other endpoint c is advanced in the
     same call and the event is among c's new events (the history after c's blob), c's
-    neighbour before the event is the other endpoint of c's new event before it, or,
-    before its first new one, its blob's newest list entry (``latest_keys``). The
-    rest (c not here, or already past the event: another writer, a crash between two
-    nodes' writes, a rebuild of one node) is asked of the log, in one round trip.
+    entries before the event are those of its new events before it, then its blob's
+    newest list entries. The rest (c not here, or already past the event: another
+    writer, a crash between two nodes' writes, a rebuild of one node) is asked of the
+    log, in one round trip.
 
     An event is matched across the two nodes' histories by seq on one log; on a
     partitioned log each endpoint's partition holds its own copy under its own seq, so
     there by the event's id (every event spanning two partitions has one)."""
     partitioned = getattr(log, "partitions", 1) > 1
+    depth = len(tail_keys[0]) if tail_keys else 1
 
     def identity(e: LoggedEvent) -> int | str:
         return (e.event_id or e.seq) if partitioned else e.seq
 
     at = {node: i for i, node in enumerate(nodes)}
-    position = [{identity(e): j for j, e in enumerate(events)} for events in new_events]
-    out: list[list[int]] = []
+    # Each node's entries: its blob's newest ones, then those of its new events; and
+    # where each new event's first entry sits among them.
+    entries: list[list[int]] = []
+    first: list[dict[int | str, int]] = []
+    for node, events, tail in zip(nodes, new_events, tail_keys, strict=True):
+        own, keys = node_key(node), list(tail)
+        where: dict[int | str, int] = {}
+        for e in events:
+            where[identity(e)] = len(keys)
+            keys += [own, own] if e.src == e.dst else [node_key(other_endpoint(e, node))]
+        entries.append(keys)
+        first.append(where)
+    out: list[list[list[int]]] = [[] for _ in range(depth)]
     asked: list[str] = []
     asked_events: list[LoggedEvent] = []
     # (row, first entry, entries: 2 for a self-loop) of each answer to ask the log for
     holes: list[tuple[int, int, int]] = []
     for node, events in zip(nodes, new_events, strict=True):
-        row: list[int] = []
+        rows: list[list[int]] = [[] for _ in range(depth)]
         for e in events:
+            n = 2 if e.src == e.dst else 1
             other = other_endpoint(e, node)
             c = at.get(other)
-            key = PAD
             # (c's new events run contiguously from its watermark, but may end before
             # an event a concurrent writer logged later: that one is asked of the log)
-            j = -1 if c is None else position[c].get(identity(e), -1)
+            j = -1 if c is None else first[c].get(identity(e), -1)
             if j >= 0:
                 assert c is not None
-                key = (
-                    node_key(other_endpoint(new_events[c][j - 1], other))
-                    if j > 0
-                    else latest_keys[c]
-                )
+                keys = [entries[c][j - 1 - d] for d in range(depth)]
             else:
-                holes.append((len(out), len(row), 2 if e.src == e.dst else 1))
+                holes.append((len(out[0]), len(rows[0]), n))
                 asked.append(other)
                 asked_events.append(e)
-            row += [key, key] if e.src == e.dst else [key]
-        out.append(row)
+                keys = [PAD] * depth
+            for d in range(depth):
+                rows[d] += [keys[d]] * n
+        for d in range(depth):
+            out[d].append(rows[d])
     if asked:
-        found_all = log.neighbours_before(asked, asked_events)
+        found_all: list[tuple[str | None, ...]] = (
+            [(f,) for f in log.neighbours_before(asked, asked_events)]
+            if depth == 1
+            else list(log.two_neighbours_before(asked, asked_events))
+        )
         for (r, k, n), found in zip(holes, found_all, strict=True):
-            out[r][k : k + n] = [PAD if found is None else node_key(found)] * n
+            for d in range(depth):
+                out[d][r][k : k + n] = [PAD if found[d] is None else node_key(found[d])] * n
     return out
 
 

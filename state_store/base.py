@@ -238,6 +238,15 @@ class EventLog(Protocol):
         (``HeldByDoubt`` until then)."""
         ...
 
+    def two_neighbours_before(
+        self, nodes: list[str], events: list[LoggedEvent]
+    ) -> list[tuple[str | None, str | None]]:
+        """``neighbours_before`` and the neighbour-list entry before that one (the
+        second-order transition counts): per node its two latest entries before
+        ``events[i]``, newest first (a self-loop is two entries of the node itself),
+        None where there are fewer (or the history cap trimmed them)."""
+        ...
+
     def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]: ...
 
     def pending(self, limit: int, after_seq: int | None = None) -> list[LoggedEvent]:

@@ -67,6 +67,19 @@ def other_endpoint(event: LoggedEvent, node: str) -> str:
     return event.dst if event.src == node else event.src
 
 
+def two_entries_before(node: str, newest_first: list[LoggedEvent]) -> tuple[str | None, str | None]:
+    """``node``'s two latest neighbour-list entries before some event, from its (up to)
+    two latest history events before it, newest first: a self-loop is two entries of
+    the node itself (as the lists and the transition counts see it)."""
+    if not newest_first:
+        return None, None
+    latest = newest_first[0]
+    if latest.src == latest.dst:
+        return node, node
+    before = other_endpoint(newest_first[1], node) if len(newest_first) > 1 else None
+    return other_endpoint(latest, node), before
+
+
 def late_reason(t: float, last: float, node: str) -> str:
     return f"late: t={t!r} < last event {last!r} of node {node!r}"
 

@@ -18,7 +18,14 @@ from collections import OrderedDict, deque
 
 from .base import AppendResult, LoggedEvent, NewEvent, StateStore, StoreMemory, WriteOutcome
 from .blob_header import HEADER_SIZE, pack_watermark, watermark_bytes
-from .common import event_ids, event_time, future_reason, late_reason, other_endpoint
+from .common import (
+    event_ids,
+    event_time,
+    future_reason,
+    late_reason,
+    other_endpoint,
+    two_entries_before,
+)
 from .config import MemoryStoreConfig
 from .versions import ServingModel, ServingState, VersionMarks
 
@@ -200,6 +207,19 @@ class InMemoryStore(StateStore):
                 h = self._histories.get(node, ())
                 at = bisect.bisect_left(h, event.seq, key=lambda e: e.seq) - 1
                 out.append(None if at < 0 else other_endpoint(h[at], node))
+        return out
+
+    def two_neighbours_before(
+        self, nodes: list[str], events: list[LoggedEvent]
+    ) -> list[tuple[str | None, str | None]]:
+        out = []
+        with self._lock:
+            for node, event in zip(nodes, events, strict=True):
+                h = self._histories.get(node, ())
+                at = bisect.bisect_left(h, event.seq, key=lambda e: e.seq)
+                out.append(
+                    two_entries_before(node, [h[k] for k in range(at - 1, max(at - 3, -1), -1)])
+                )
         return out
 
     def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]:

@@ -158,17 +158,23 @@ return out
 # then by id among the entries at that time (a snapshot's ties). Returns per history
 # {status, member}: 0 none (the node's first event, trimmed by the cap, or no such
 # copy), 1 the entry before, 2 held (the entry before is a copy in doubt: if it is
-# aborted, the answer is the one before it).
+# aborted, the answer is the one before it). Modes 'S' and 'I' (the second-order
+# counts) answer the two entries before, {1, newer, older} (older absent when there is
+# one), held when either is in doubt.
 PREVIOUS_LUA = (
     _DOUBT_SEQS
     + """
 local doubt = nil
-local function before(key, seq)
-  local row = redis.call('ZRANGE', key, '(' .. seq, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
+local function before(key, seq, count)
+  local row = redis.call('ZRANGE', key, '(' .. seq, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, count, 'WITHSCORES')
   if #row == 0 then return {0, ''} end
   if doubt == nil then doubt = doubt_seqs() end
-  if doubt[tonumber(row[2])] then return {2, ''} end
-  return {1, row[1]}
+  local out = {1}
+  for k = 1, #row, 2 do
+    if doubt[tonumber(row[k + 1])] then return {2, ''} end
+    out[#out + 1] = row[k]
+  end
+  return out
 end
 local function copy_seq(key, t, eid)
   local lo, hi = 0, redis.call('ZCARD', key)
@@ -190,11 +196,13 @@ end
 local out = {}
 for i = 2, #KEYS do
   local mode, a, b = ARGV[3 * i - 5], ARGV[3 * i - 4], ARGV[3 * i - 3]
-  if mode == 's' then
-    out[#out + 1] = before(KEYS[i], a)
+  local count = 1
+  if mode == 'S' or mode == 'I' then count = 2 end
+  if mode == 's' or mode == 'S' then
+    out[#out + 1] = before(KEYS[i], a, count)
   else
     local seq = copy_seq(KEYS[i], tonumber(a), b)
-    if seq then out[#out + 1] = before(KEYS[i], seq) else out[#out + 1] = {0, ''} end
+    if seq then out[#out + 1] = before(KEYS[i], seq, count) else out[#out + 1] = {0, ''} end
   end
 end
 return out

@@ -40,7 +40,14 @@ from redis.crc import key_slot
 
 from .append_script import APPEND_PART_LUA, header_args, outcome, previous_seqs, refusal_reason
 from .base import AppendResult, HeldByDoubt, LoggedEvent, NewEvent, StoreUnavailable
-from .common import decode_event, encode_tail, event_ids, event_time, other_endpoint
+from .common import (
+    decode_event,
+    encode_tail,
+    event_ids,
+    event_time,
+    other_endpoint,
+    two_entries_before,
+)
 from .faults import BEFORE_COMMIT, BETWEEN_PARTITION_APPENDS, fault_active, maybe_crash
 from .layout import claim_partitions
 from .partition_scripts import DECIDE_LUA, FINISH_LUA, PREVIOUS_LUA, READ_COMMITTED_LUA
@@ -153,28 +160,48 @@ class PartitionedRedisStore(RedisStore):
 
     @_guard
     def neighbours_before(self, nodes: list[str], events: list[LoggedEvent]) -> list[str | None]:
+        return [
+            other_endpoint(decode_event(ms[0]), n) if ms else None
+            for ms, n in zip(self._entries_before(nodes, events, 1), nodes, strict=True)
+        ]
+
+    @_guard
+    def two_neighbours_before(
+        self, nodes: list[str], events: list[LoggedEvent]
+    ) -> list[tuple[str | None, str | None]]:
+        return [
+            two_entries_before(n, [decode_event(m) for m in ms])
+            for ms, n in zip(self._entries_before(nodes, events, 2), nodes, strict=True)
+        ]
+
+    def _entries_before(
+        self, nodes: list[str], events: list[LoggedEvent], count: int
+    ) -> list[list[bytes]]:
+        """Each node's latest ``count`` (1 or 2) committed history members before
+        ``events[i]``, newest first; ``HeldByDoubt`` while one of them is in doubt."""
         # Each partition numbers its own copies: the other endpoint's copy of an event
         # says nothing by its seq about where the event sits in this node's history, so
         # the node's own copy is found by the event's time and id (PREVIOUS_LUA).
         if not nodes:
             return []
         P = self.partitions
+        by_seq, by_id = ("s", "i") if count == 1 else ("S", "I")
         groups = self._by_partition(nodes)
         calls = []
         for p, idx in groups.items():
             args: list[Any] = []
             for i in idx:
                 e = events[i]
-                args += ["s", e.seq, ""] if e.seq % P == p else ["i", repr(e.t), e.event_id]
+                args += [by_seq, e.seq, ""] if e.seq % P == p else [by_id, repr(e.t), e.event_id]
             calls.append(("previous", self._doubt_and_histories(p, [nodes[i] for i in idx]), args))
-        out: list[str | None] = [None] * len(nodes)
+        out: list[list[bytes]] = [[] for _ in nodes]
         held: list[str] = []
         for idx, res in zip(groups.values(), self._part_call(calls), strict=True):
-            for i, (status, member) in zip(idx, res, strict=True):
+            for i, (status, *members) in zip(idx, res, strict=True):
                 if int(status) == 2:
                     held.append(nodes[i])
                 elif int(status) == 1:
-                    out[i] = other_endpoint(decode_event(member), nodes[i])
+                    out[i] = list(members)
         if held:
             raise HeldByDoubt(held)
         return out

@@ -68,7 +68,14 @@ from .base import (
     WriteOutcome,
 )
 from .blob_header import pack_watermark
-from .common import decode_event, encode_tail, event_ids, event_time, other_endpoint
+from .common import (
+    decode_event,
+    encode_tail,
+    event_ids,
+    event_time,
+    other_endpoint,
+    two_entries_before,
+)
 from .config import RedisStoreConfig
 from .layout import claim_partitions
 from .log_scripts import MARK_LUA, READ_LOG_LUA
@@ -542,18 +549,34 @@ class RedisStore(StateStore):
 
     @_guard
     def neighbours_before(self, nodes: list[str], events: list[LoggedEvent]) -> list[str | None]:
+        return [
+            other_endpoint(decode_event(ms[0]), n) if ms else None
+            for ms, n in zip(self._entries_before(nodes, events, 1), nodes, strict=True)
+        ]
+
+    @_guard
+    def two_neighbours_before(
+        self, nodes: list[str], events: list[LoggedEvent]
+    ) -> list[tuple[str | None, str | None]]:
+        return [
+            two_entries_before(n, [decode_event(m) for m in ms])
+            for ms, n in zip(self._entries_before(nodes, events, 2), nodes, strict=True)
+        ]
+
+    def _entries_before(
+        self, nodes: list[str], events: list[LoggedEvent], count: int
+    ) -> list[list[bytes]]:
+        """Each node's latest ``count`` history members before ``events[i]``, newest
+        first, in one pipelined round trip."""
         if not nodes:
             return []
         pipe = self._pipe()
         for n, e in zip(nodes, events, strict=True):
             pipe.execute_command(
                 "ZRANGE", self.history_key(n), b"(%d" % int(e.seq), b"-inf", b"BYSCORE", b"REV",
-                b"LIMIT", 0, 1,
+                b"LIMIT", 0, count,
             )  # fmt: skip
-        return [
-            other_endpoint(decode_event(ms[0]), n) if ms else None
-            for ms, n in zip(pipe.execute(), nodes, strict=True)
-        ]
+        return list(pipe.execute())
 
     @_guard
     def read_log(self, after_seq: int, count: int) -> list[LoggedEvent]:

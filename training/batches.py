@@ -26,7 +26,7 @@ from model.pair_features import PAD_KEY
 from model.role_counts import empty_records, prefix_records
 from model.streaming import NeighbourLists
 from model.transition_counts import PAD as NO_PREVIOUS
-from model.transition_counts import bucket_of, decay_factor
+from model.transition_counts import bucket_of, decay_factor, pair_keys
 
 from .data import EdgeStream
 
@@ -86,7 +86,7 @@ class NodeEventIndex:
     # Role-count records at every prefix (built on first use).
     _records: np.ndarray | None = None
     # Transition counts at every prefix, per number of buckets (built on first use).
-    _transitions: dict[tuple[int, float], PrefixTransitionIndex] | None = None
+    _transitions: dict[tuple[int, float, int], PrefixTransitionIndex] | None = None
 
     @classmethod
     def build(cls, data: IndexedStream, events: np.ndarray) -> NodeEventIndex:
@@ -125,10 +125,11 @@ class NodeEventIndex:
             out[i] = np.searchsorted(self.event[lo:hi], e, side="left")
         return out
 
-    def counterpart_previous_keys(self) -> np.ndarray:
+    def counterpart_previous_keys(self, back: int = 1) -> np.ndarray:
         """(M,) per entry: the key of the other endpoint's latest neighbour before the
-        entry's event (NO_PREVIOUS: none), over this index's events: what
-        ``transition_counts.counterpart_previous`` gives a writer in stream order."""
+        entry's event (``back`` = 2: the one before that; NO_PREVIOUS: none), over this
+        index's events: what ``transition_counts.counterpart_previous`` (and
+        ``counterpart_previous_two``) give a writer in stream order."""
         m = len(self.event)
         pos = np.arange(m)
         local = np.searchsorted(np.unique(self.event), self.event)
@@ -141,18 +142,28 @@ class NodeEventIndex:
         # node's earlier events end.
         self_loop = self.other == np.repeat(np.arange(self.num_nodes), np.diff(self.offsets))
         first = np.where(self_loop, src_entry[local], counterpart_entry)
-        has = first > self.offsets[self.other]
-        return np.where(has, self.other_key[np.maximum(first - 1, 0)], NO_PREVIOUS)
+        has = first - back >= self.offsets[self.other]
+        return np.where(has, self.other_key[np.maximum(first - back, 0)], NO_PREVIOUS)
 
     def transitions(
-        self, nodes: np.ndarray, m: np.ndarray, buckets: int, decay: float = 0.0
+        self,
+        nodes: np.ndarray,
+        m: np.ndarray,
+        buckets: int,
+        decay: float = 0.0,
+        order2: bool = False,
     ) -> PrefixTransitions:
-        """Each node's transition counts after its first ``m`` events."""
+        """Each node's transition counts after its first ``m`` events (and, with
+        ``order2``, its second-order ones)."""
         if self._transitions is None:
             self._transitions = {}
-        if (buckets, decay) not in self._transitions:
-            self._transitions[(buckets, decay)] = PrefixTransitionIndex.build(self, buckets, decay)
-        return PrefixTransitions(self._transitions[(buckets, decay)], nodes, m)
+        for order in (1, 2) if order2 else (1,):
+            if (buckets, decay, order) not in self._transitions:
+                self._transitions[(buckets, decay, order)] = PrefixTransitionIndex.build(
+                    self, buckets, decay, second=order == 2
+                )
+        second = self._transitions[(buckets, decay, 2)] if order2 else None
+        return PrefixTransitions(self._transitions[(buckets, decay, 1)], nodes, m, second)
 
     def neighbour_lists(
         self,
@@ -162,6 +173,7 @@ class NodeEventIndex:
         role_counts: bool = False,
         transition_buckets: int = 0,
         transition_decay: float = 0.0,
+        transition_order2: bool = False,
     ) -> NeighbourLists:
         """Last ``length`` (other key, t) entries among each node's first ``m`` events;
         with ``role_counts``, also each node's role-count record after them, and with
@@ -170,7 +182,7 @@ class NodeEventIndex:
         m = np.asarray(m, dtype=np.int64)
         records = self.role_count_records(nodes, m) if role_counts else None
         transitions = (
-            self.transitions(nodes, m, transition_buckets, transition_decay)
+            self.transitions(nodes, m, transition_buckets, transition_decay, transition_order2)
             if transition_buckets
             else None
         )
@@ -262,9 +274,14 @@ class PrefixTransitionIndex:
 
     @classmethod
     def build(
-        cls, index: NodeEventIndex, buckets: int, decay: float = 0.0
+        cls, index: NodeEventIndex, buckets: int, decay: float = 0.0, second: bool = False
     ) -> PrefixTransitionIndex:
-        b = bucket_of(index.counterpart_previous_keys(), buckets)
+        """The first-order records (the bucket of the counterpart's previous neighbour)
+        or, with ``second``, the second-order ones (of its two previous ones' pair)."""
+        previous = index.counterpart_previous_keys()
+        if second:
+            previous = pair_keys(index.counterpart_previous_keys(back=2), previous)
+        b = bucket_of(previous, buckets)
         sizes = np.diff(index.offsets)
         node = np.repeat(np.arange(index.num_nodes), sizes)
         position = np.arange(len(b)) - index.offsets[node]
@@ -301,11 +318,23 @@ def decayed_runs(group: np.ndarray, t: np.ndarray, add: np.ndarray, decay: float
 class PrefixTransitions:
     """``TransitionCounts`` of nodes after their first ``m`` entries (the trainer's)."""
 
-    def __init__(self, index: PrefixTransitionIndex, nodes: np.ndarray, m: np.ndarray) -> None:
+    def __init__(
+        self,
+        index: PrefixTransitionIndex,
+        nodes: np.ndarray,
+        m: np.ndarray,
+        second_index: PrefixTransitionIndex | None = None,
+    ) -> None:
         self.index, self.nodes, self.m = index, np.asarray(nodes), np.asarray(m)
+        self.second_index = second_index
 
     def select(self, index: np.ndarray) -> PrefixTransitions:
-        return PrefixTransitions(self.index, self.nodes[index], self.m[index])
+        return PrefixTransitions(self.index, self.nodes[index], self.m[index], self.second_index)
+
+    def second(self) -> PrefixTransitions:
+        if self.second_index is None:
+            raise ValueError("these records keep no second-order counts")
+        return PrefixTransitions(self.second_index, self.nodes, self.m)
 
     def _ranges(self, buckets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ix = self.index

@@ -29,9 +29,11 @@ from model.role_counts import advance_records, empty_records
 from model.streaming import NeighbourLists, advance, score
 from model.transition_counts import (
     DenseTransitions,
-    add_counts,
+    add_transitions,
     counterpart_previous,
+    counterpart_previous_two,
     empty_counts,
+    pair_keys,
 )
 
 from .batches import IndexedStream
@@ -69,7 +71,10 @@ class StreamReplay:
         self.records = empty_records(n) if model.config.role_counts else None
         self.buckets = model.config.transition_buckets
         self.decay = model.config.transition_decay
-        self.transitions = empty_counts(n, self.buckets, self.decay) if self.buckets else None
+        self.order2 = model.config.transition_order2
+        self.transitions = (
+            empty_counts(n, self.buckets, self.decay, self.order2) if self.buckets else None
+        )
         self.applied = 0
 
     def per_node_events(self, events: np.ndarray) -> tuple[np.ndarray, list[list[NodeEvent]]]:
@@ -128,14 +133,28 @@ class StreamReplay:
                 zip(d.keys[nodes].tolist(), self.nbr_keys[nodes, -1].tolist(), strict=True)
             )
             idx = np.asarray(events, dtype=np.int64)
-            for_src, for_dst = counterpart_previous(
-                d.keys[d.src[idx]].tolist(), d.keys[d.dst[idx]].tolist(), latest
-            )
+            src_keys, dst_keys = d.keys[d.src[idx]].tolist(), d.keys[d.dst[idx]].tolist()
+            pairs = None
+            if self.order2:  # and the one before it: the second-latest entry of the list
+                before = dict(
+                    zip(d.keys[nodes].tolist(), self.nbr_keys[nodes, -2].tolist(), strict=True)
+                )
+                for_src, for_dst, for_src2, for_dst2 = counterpart_previous_two(
+                    src_keys, dst_keys, latest, before
+                )
+                pairs = pair_keys(
+                    np.array(for_src2 + for_dst2, dtype=np.int64),
+                    np.array(for_src + for_dst, dtype=np.int64),
+                )
+            else:
+                for_src, for_dst = counterpart_previous(src_keys, dst_keys, latest)
             rows = np.concatenate([d.src[idx], d.dst[idx]])
             prev = np.array(for_src + for_dst, dtype=np.int64)
             times = np.concatenate([d.t[idx], d.t[idx]])
             newest = self.nbr_t[:, -1] if self.length else np.full(d.num_nodes, np.inf)
-            add_counts(self.transitions, rows, prev, self.buckets, self.decay, times, newest)
+            add_transitions(
+                self.transitions, rows, prev, self.buckets, self.decay, times, newest, pairs
+            )
         for node, evs in zip(nodes.tolist(), lists, strict=True):
             k = min(len(evs), self.length)
             tail = evs[-k:]
@@ -155,7 +174,7 @@ class StreamReplay:
             None
             if self.transitions is None
             else DenseTransitions(self.transitions[nodes], self.buckets, self.decay),
-        )
+        )  # (a second-order record, where kept, is the second half of the same rows)
 
     def score(self, qs: np.ndarray, qd: np.ndarray, qt: np.ndarray) -> np.ndarray:
         """Logits of (src, dst, t) queries (dense node indices) with ``streaming.score``.

@@ -243,6 +243,7 @@ class EpochRunner:
                 cfg.role_counts,
                 cfg.transition_buckets,
                 cfg.transition_decay,
+                cfg.transition_order2,
             )
             keys = torch.from_numpy(d.keys[q_nodes])
             m_t = torch.from_numpy(q_m)

@@ -57,7 +57,7 @@ def _nodes(
             )
         lists.records = torch.from_numpy(advance_records(empty_records(N_NODES), per_node))
     if cfg.transition_buckets:  # counts at the buckets of the small key range, and beyond
-        width = record_width(cfg.transition_buckets, cfg.transition_decay)
+        width = record_width(cfg.transition_buckets, cfg.transition_decay, cfg.transition_order2)
         counts = torch.randint(0, 6, (N_NODES, width), generator=gen).numpy().astype(np.float32)
         if cfg.transition_decay:  # decayed counts are fractions
             counts[:, cfg.transition_buckets :] *= 0.37
@@ -107,6 +107,11 @@ VARIANTS = {
     "role_counts": {"snapshot_pair_features": True, "role_counts": True, "role_count_unit": 500.0},
     "transition_counts": {"transition_buckets": 7},
     "decayed_transition_counts": {"transition_buckets": 7, "transition_decay": 400.0},
+    "second_order_transition_counts": {
+        "transition_buckets": 7,
+        "transition_decay": 400.0,
+        "transition_order2": True,
+    },
 }
 
 

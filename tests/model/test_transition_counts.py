@@ -15,9 +15,12 @@ from model.transition_counts import (
     PAD,
     DenseTransitions,
     add_counts,
+    add_transitions,
     bucket_of,
     counterpart_previous,
+    counterpart_previous_two,
     empty_counts,
+    pair_keys,
     transition_feature_dim,
 )
 from training.batches import IndexedStream, NodeEventIndex
@@ -157,3 +160,51 @@ def test_decayed_counts_by_hand():
     # a query behind the record's newest time reads it undecayed, never amplified
     at, _ = record.decayed(np.array([[5]]), np.array([0.0]), np.array([T]))
     assert at[0, 0] == 1.0
+
+
+def test_second_order_prefix_counts_equal_the_streamed_ones(data_dir):
+    """The second-order records (``transition_order2``): the pair of each counterpart's
+    two previous neighbours, written in slices as the evaluator writes them, and the
+    trainer's prefix index, on Can. Parl. (self-loops: a node's own two entries), with
+    decay: raw counts equal, decayed ones to float32 rounding; the first-order half of
+    the same records is unchanged by the second."""
+    d = IndexedStream.build(read_edge_stream(data_dir / "canparl"))
+    buckets, decay, cut = 64, 86_400.0 * 365, 20_000
+    events = np.arange(cut)
+    counts = empty_counts(d.num_nodes, buckets, decay, order2=True)
+    newest = np.full(d.num_nodes, -np.inf)
+    latest: dict[int, int] = {}
+    before: dict[int, int] = {}
+    for lo in range(0, cut, 777):
+        ev = events[lo : lo + 777]
+        p1s, p1d, p2s, p2d = counterpart_previous_two(
+            d.keys[d.src[ev]].tolist(), d.keys[d.dst[ev]].tolist(), latest, before
+        )
+        rows = np.concatenate([d.src[ev], d.dst[ev]])
+        times = np.concatenate([d.t[ev], d.t[ev]])
+        p1 = np.array(p1s + p1d, dtype=np.int64)
+        pairs = pair_keys(np.array(p2s + p2d, dtype=np.int64), p1)
+        add_transitions(counts, rows, p1, buckets, decay, times, newest, pairs)
+        np.maximum.at(newest, rows, times)
+    newest = np.where(np.isfinite(newest), newest, np.inf)
+    first, _ = _streamed(d, events, buckets, decay)  # (in other slices: float32 rounding)
+    np.testing.assert_array_equal(counts[:, :buckets], first[:, :buckets])
+    np.testing.assert_allclose(counts[:, : first.shape[1]], first, rtol=2e-5, atol=1e-6)
+
+    nodes = np.arange(d.num_nodes)
+    index = NodeEventIndex.build(d, events)
+    m = index.prefix_count_before_event(nodes, np.full(d.num_nodes, cut))
+    prefix = index.transitions(nodes, m, buckets, decay, order2=True).second()
+    streamed = DenseTransitions(counts, buckets, decay).second()
+    every_bucket = np.tile(np.arange(buckets), (d.num_nodes, 1))
+    np.testing.assert_array_equal(prefix.at(every_bucket), streamed.at(every_bucket))
+    np.testing.assert_array_equal(prefix.totals(), streamed.totals())
+    tau = np.where(np.isfinite(newest), newest, 0.0) + 86_400.0
+    got = prefix.decayed(every_bucket, tau, newest)
+    want = streamed.decayed(every_bucket, tau, newest)
+    np.testing.assert_allclose(got[0], want[0], rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], want[1], rtol=2e-5, atol=1e-6)
+    # Pairs are not single keys: the second record differs from the first, and most
+    # entries have two previous neighbours.
+    assert streamed.totals().sum() > 0.9 * DenseTransitions(first, buckets, decay).totals().sum()
+    assert not np.array_equal(streamed.at(every_bucket), first[:, :buckets])

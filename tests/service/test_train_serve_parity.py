@@ -9,6 +9,7 @@ import gzip
 import json
 
 import numpy as np
+import pytest
 from sklearn.metrics import average_precision_score
 
 from loadtests.accuracy_replay import ServiceClient, read_queries, replay
@@ -136,14 +137,15 @@ def test_batch_visibility_replay_over_http_equals_offline_evaluator(
     assert np.abs(exact - offline).max() > 1e-3
 
 
+@pytest.mark.parametrize("order2", [False, True], ids=["first order", "second order"])
 def test_transition_counts_replay_over_http_equals_offline_evaluator(
-    redis_server, data_dir, tmp_path
+    redis_server, data_dir, tmp_path, order2
 ):
     """The same invariant for a model with transition counts: each applied event adds
-    to its endpoints' records where the other endpoint was just before, which the
-    service reads from the log's histories in Redis and the evaluator from its own
-    walk of the stream (model/transition_counts.py). The first 6,000 MOOC events:
-    students moving from course item to course item."""
+    to its endpoints' records where the other endpoint was just before (and, second
+    order, the entry before that), which the service reads from the log's histories in
+    Redis and the evaluator from its own walk of the stream (model/transition_counts.py).
+    The first 6,000 MOOC events: students moving from course item to course item."""
     from state_store.factory import make_store
     from training.train import train
 
@@ -155,6 +157,7 @@ def test_transition_counts_replay_over_http_equals_offline_evaluator(
     ckpt = tmp_path / "ckpt"
     # raw and decayed counts (the MOOC slice spans about a day, in seconds)
     config = {"d_model": 8, "d_state": 4, "transition_buckets": 32, "transition_decay": 3_600.0}
+    config["transition_order2"] = order2
     version = train(data, ckpt, config, epochs=1, progress=False, test_eval=False)
     offline, queries, _ = offline_scores(ckpt, data, tmp_path)
     served = served_scores(redis_server, ckpt, data, tmp_path, queries, "exact")
@@ -176,3 +179,6 @@ def test_transition_counts_replay_over_http_equals_offline_evaluator(
     _, lists = StateCodec(loaded.config, version).decode_with_neighbours(blobs)
     assert lists.transitions is not None
     assert lists.transitions.totals().sum() > 0.8 * len(stream)  # type: ignore[union-attr]
+    if order2:  # ...and the second-order ones, most events having two entries before
+        second = lists.transitions.second()  # type: ignore[union-attr]
+        assert second.totals().sum() > 0.7 * len(stream)

@@ -91,20 +91,22 @@ def _same_records(a, b):
     assert b.counts[:, buckets:].sum() > 1.0  # the decayed row is kept, not left empty
 
 
+@pytest.mark.parametrize("depth", [1, 2])
 @pytest.mark.parametrize("layout", ["one log", "4 partitions"])
-def test_answers_in_hand_equal_the_logs(data_dir, redis_single, layout):
-    """``counterparts_previous`` answers most events from the nodes advanced in the same
+def test_answers_in_hand_equal_the_logs(data_dir, redis_single, layout, depth):
+    """``counterparts_before`` answers most events from the nodes advanced in the same
     call (their new events, their blobs' newest list entries) and asks the log only for
     the rest. Whatever is in hand, the answers are the log's: here every node of a
     UCI slice (with self-loops added) is advanced at once from its blob after a random
     cut of its history, with some nodes left out, some already past the cut, and cold
     ones from nothing. On a partitioned log each node's history holds its own copies,
-    matched to the other endpoint's by the event's id."""
+    matched to the other endpoint's by the event's id. Depth 2 (second-order counts)
+    also answers the entry before that one, as ``two_neighbours_before`` does."""
     import random
 
     from model.node_ids import node_key
     from model.transition_counts import PAD
-    from service.engine import counterparts_previous
+    from service.engine import counterparts_before, counterparts_previous
     from state_store.base import NewEvent
     from state_store.common import other_endpoint
     from state_store.memory import InMemoryStore
@@ -122,7 +124,7 @@ def test_answers_in_hand_equal_the_logs(data_dir, redis_single, layout):
     nodes = sorted({e.src for e in events} | {e.dst for e in events})
     histories = dict(zip(nodes, store.read_histories(nodes), strict=True))
     rng = random.Random(0)
-    here, latest, new_events = [], [], []
+    here, tails, new_events = [], [], []
     for n in nodes:
         if rng.random() < 0.2:
             continue  # not in this call: its partners ask the log
@@ -130,19 +132,26 @@ def test_answers_in_hand_equal_the_logs(data_dir, redis_single, layout):
         cut = rng.randrange(len(h) + 1) if rng.random() < 0.7 else 0  # 30% cold
         applied, new = h[:cut], h[cut:]
         here.append(n)
-        latest.append(node_key(other_endpoint(applied[-1], n)) if applied else PAD)
+        entries = [PAD, PAD]  # the blob's list: each applied event's entries
+        for e in applied:
+            entries += [node_key(n)] * 2 if e.src == e.dst else [node_key(other_endpoint(e, n))]
+        tails.append(entries[-depth:])
         new_events.append(new)
-    got = counterparts_previous(store, here, new_events, latest)
+    got = counterparts_before(store, here, new_events, tails)
+    assert len(got) == depth
+    if depth == 1:  # the first-order name for it
+        assert counterparts_previous(store, here, new_events, [t[0] for t in tails]) == got[0]
     asked = 0
-    for n, new, row in zip(here, new_events, got, strict=True):
-        expected = []
+    for r, (n, new) in enumerate(zip(here, new_events, strict=True)):
+        expected: list[list[int]] = [[] for _ in range(depth)]
         for e in new:
-            found = store.neighbours_before([other_endpoint(e, n)], [e])[0]
-            key = PAD if found is None else node_key(found)
-            expected += [key, key] if e.src == e.dst else [key]
+            found = store.two_neighbours_before([other_endpoint(e, n)], [e])[0]
+            for d in range(depth):
+                key = PAD if found[d] is None else node_key(found[d])
+                expected[d] += [key, key] if e.src == e.dst else [key]
             asked += 1
-        assert row == expected, n
-    assert asked > 2000 and sum(k != PAD for row in got for k in row) > 1000
+        assert [got[d][r] for d in range(depth)] == expected, n
+    assert asked > 2000 and sum(k != PAD for row in got[-1] for k in row) > 1000
 
 
 def test_an_apply_waits_while_the_entry_before_is_in_doubt(redis_single, tmp_path):
@@ -188,15 +197,23 @@ def test_an_apply_waits_while_the_entry_before_is_in_doubt(redis_single, tmp_pat
         store.close()
 
 
+@pytest.mark.parametrize("order2", [False, True], ids=["first order", "second order"])
 @pytest.mark.parametrize("partitions", [1, 4])
-def test_a_plain_ingest_asks_the_log_nothing(redis_single, data_dir, tmp_path, partitions):
+def test_a_plain_ingest_asks_the_log_nothing(redis_single, data_dir, tmp_path, partitions, order2):
     """Both endpoints of each event are advanced in the same apply, so every answer is
-    in hand (on partitions, matched across the two copies by the event's id): the log
-    is asked only after crashes, for rebuilds of one node or behind another writer."""
+    in hand (on partitions, matched across the two copies by the event's id), the entry
+    two back too for second-order counts: the log is asked only after crashes, for
+    rebuilds of one node or behind another writer."""
     from state_store.applier import apply_logged, logged_events
     from state_store.base import NewEvent
 
-    make_checkpoint(tmp_path / "ck", seed=3, edge_feature_dim=0, transition_buckets=16)
+    make_checkpoint(
+        tmp_path / "ck",
+        seed=3,
+        edge_feature_dim=0,
+        transition_buckets=16,
+        transition_order2=order2,
+    )
     stream = read_edge_stream(data_dir / "uci", limit=3000)
     events = [
         NewEvent(str(s), str(d), float(t), (), f"e{i}")
@@ -207,8 +224,9 @@ def test_a_plain_ingest_asks_the_log_nothing(redis_single, data_dir, tmp_path, p
     try:
         rt = ModelRuntime.load(tmp_path / "ck").paired_with(store)
         asked: list[int] = []
-        answer = store.neighbours_before
+        answer, answer_two = store.neighbours_before, store.two_neighbours_before
         store.neighbours_before = lambda n, e: (asked.append(len(n)), answer(n, e))[1]  # type: ignore[method-assign]
+        store.two_neighbours_before = lambda n, e: (asked.append(len(n)), answer_two(n, e))[1]  # type: ignore[method-assign]
         for lo in range(0, len(events), 500):
             res = store.append_events(events[lo : lo + 500])
             logged = logged_events(events[lo : lo + 500], res)
@@ -218,5 +236,7 @@ def test_a_plain_ingest_asks_the_log_nothing(redis_single, data_dir, tmp_path, p
         lists = rt.codec.decode_with_neighbours(store.read_states(rt.version, nodes))[1]
         assert lists.transitions is not None
         assert float(lists.transitions.totals().sum()) > 4000  # the counts were kept
+        if order2:
+            assert float(lists.transitions.second().totals().sum()) > 3000
     finally:
         store.close()

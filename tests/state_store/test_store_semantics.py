@@ -278,6 +278,41 @@ def test_neighbours_before_an_event(make) -> None:
     assert capped.neighbours_before(["a"] * 3, [kept[k] for k in (4, 5, 6)]) == [None, "a", "z"]
 
 
+def test_two_neighbours_before_an_event(make) -> None:
+    """The second-order counts' lookup: a node's two latest list entries before an
+    event, newest first; a self-loop is two entries of the node itself, and a trimmed
+    or missing history answers None where it lacks them."""
+    events = [ev("a", "x", 1.0, "1"), ev("b", "x", 2.0, "2"), ev("a", "y", 3.0, "3")]
+    events += [ev("a", "a", 4.0, "4"), ev("a", "z", 5.0, "5"), ev("a", "w", 6.0, "6")]
+    s = make()
+    s.append_events(events)
+    logged = {e.seq: e for e in s.read_log(0, 100)}
+    asked = ["a", "x", "x", "a", "a", "a", "nobody"]
+    before = [logged[k] for k in (3, 2, 1, 4, 5, 6, 3)]
+    assert s.two_neighbours_before(asked, before) == [
+        ("x", None),
+        ("a", None),
+        (None, None),
+        ("y", "x"),
+        ("a", "a"),  # the self-loop just before: the node itself, twice
+        ("z", "a"),  # its second entry
+        (None, None),
+    ]
+    assert s.two_neighbours_before([], []) == []
+    # The first of each answer is neighbours_before's.
+    assert [p[0] for p in s.two_neighbours_before(asked, before)] == s.neighbours_before(
+        asked, before
+    )
+    capped = make(history_cap=3, key_prefix="capped")
+    capped.append_events(events)
+    kept = {e.seq: e for e in capped.read_log(0, 100)}
+    assert capped.two_neighbours_before(["a"] * 3, [kept[k] for k in (4, 5, 6)]) == [
+        (None, None),
+        ("a", "a"),
+        ("z", "a"),
+    ]
+
+
 def _tied_events(n: int = 400) -> list[NewEvent]:
     """Events over 12 nodes with a snapshot's ties (five events at each time), a few
     self-loops, ids on two thirds (the store assigns the others), no (src, dst, t)
@@ -334,12 +369,37 @@ def test_a_partitioned_log_says_where_a_node_was(redis_single) -> None:
             got = s.neighbours_before(asked, copies)
             assert got == expected
             assert sum(x is not None for x in got) > (500 if cap > 100 else 40)
+            # ...and the two entries before (second-order counts), from the same copies
+            two = s.two_neighbours_before(asked, copies)
+            assert [p[0] for p in two] == expected
+            assert two == [
+                _two_expected(events, history[c], index[(x.src, x.dst, x.t)], c, cap)
+                for c, x in zip(asked, copies, strict=True)
+            ]
+            assert sum(p[1] is not None for p in two) > (400 if cap > 100 else 30)
         finally:
             s.close()
 
 
 def other(e, node: str) -> str:
     return e.dst if e.src == node else e.src
+
+
+def _two_expected(events, history: list[int], k: int, c: str, cap: int):
+    """c's two latest list entries before event k (input order), from c's history
+    (event indices) with the cap's trimming: a self-loop is two entries of c."""
+    at = history.index(k)
+    kept = history[max(0, len(history) - cap) : at]
+    entries: list[str] = []
+    for j in kept:
+        e = events[j]
+        entries += [c, c] if e.src == e.dst else [other(e, c)]
+    if not entries:
+        return (None, None)
+    newest = events[kept[-1]]
+    if newest.src == newest.dst:
+        return (c, c)
+    return (entries[-1], entries[-2] if len(entries) > 1 else None)
 
 
 def test_a_partitioned_lookup_waits_for_a_copy_in_doubt(redis_single) -> None:

@@ -38,9 +38,10 @@ from model.role_counts import advance_records, empty_records
 from model.streaming import NeighbourLists, advance, score
 from model.transition_counts import (
     DenseTransitions,
-    add_counts,
-    counterpart_previous,
+    add_transitions,
+    counterpart_previous_two,
     empty_counts,
+    pair_keys,
 )
 from training.data import read_edge_stream
 
@@ -65,7 +66,8 @@ def small_checkpoint(tmp_path_factory) -> Path:
             role_counts=True,  # wider still, from the records kept beside the lists
             role_count_unit=86400.0,
             transition_buckets=16,  # and the transition counts' columns,
-            transition_decay=86400.0,  # raw and decayed
+            transition_decay=86400.0,  # raw and decayed,
+            transition_order2=True,  # first and second order
         )
     )
     path = tmp_path_factory.mktemp("small") / "ck"
@@ -126,8 +128,10 @@ def _stream(model, uci) -> tuple[list[torch.Tensor], list[NodeStates], NodeState
     counts = empty_records(n_nodes) if cfg.role_counts else None
     buckets = cfg.transition_buckets
     decay = cfg.transition_decay
-    moves = empty_counts(n_nodes, buckets, decay) if buckets else None
+    order2 = cfg.transition_order2
+    moves = empty_counts(n_nodes, buckets, decay, order2) if buckets else None
     latest: dict[int, int] = {}
+    before: dict[int, int] = {}
 
     def lists(rows: np.ndarray) -> NeighbourLists:
         held = None if counts is None else torch.from_numpy(counts[rows])
@@ -176,11 +180,14 @@ def _stream(model, uci) -> tuple[list[torch.Tensor], list[NodeStates], NodeState
             )
         if moves is not None:
             src, dst = uci["src"][idx], uci["dst"][idx]
-            for_src, for_dst = counterpart_previous(keys[src].tolist(), keys[dst].tolist(), latest)
+            p1s, p1d, p2s, p2d = counterpart_previous_two(
+                keys[src].tolist(), keys[dst].tolist(), latest, before
+            )
             times = np.r_[t[idx], t[idx]]
             newest = nbr_t[:, -1]
-            prev = np.array(for_src + for_dst)
-            add_counts(moves, np.r_[src, dst], prev, buckets, decay, times, newest)
+            prev = np.array(p1s + p1d, dtype=np.int64)
+            pairs = pair_keys(np.array(p2s + p2d, dtype=np.int64), prev) if order2 else None
+            add_transitions(moves, np.r_[src, dst], prev, buckets, decay, times, newest, pairs)
         for node, evs in per.items():
             k = min(len(evs), length)
             nbr_k[node, : length - k], nbr_t[node, : length - k] = nbr_k[node, k:], nbr_t[node, k:]
