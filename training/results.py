@@ -19,7 +19,7 @@ Per dataset (folder ``OUT/<name>/``):
    (use_pair_features=False), ``features_only/`` (use_state=False), ``linear_time/``
    (the linear time encoder alone), and each setting the trainer turned on for the
    stream taken away again: ``no_transitions/``, ``no_transition_decay/``,
-   ``no_role_counts/``, ``no_identity_match/``; evaluated on test (transductive, all
+   ``no_transition_order2/``, ``no_role_counts/``, ``no_identity_match/``; evaluated on test (transductive, all
    negatives).
 
 Each step writes ``summary.json``; ``--reuse`` skips steps whose outputs exist, and
@@ -253,13 +253,18 @@ VARIANTS: dict[str, Variant] = {
     ),
     "no_transitions": Variant(
         "without transition counts (transition_buckets=0)",
-        lambda full: {"transition_buckets": 0, "transition_decay": 0.0},
+        lambda full: {"transition_buckets": 0, "transition_decay": 0.0, "transition_order2": False},
         lambda full: bool(full.get("transition_buckets")),
     ),
     "no_transition_decay": Variant(
         "transition counts not decayed (transition_decay=0)",
         lambda full: {"transition_decay": 0.0},
         lambda full: bool(full.get("transition_decay")),
+    ),
+    "no_transition_order2": Variant(
+        "first-order transition counts only (transition_order2=false)",
+        lambda full: {"transition_order2": False},
+        lambda full: bool(full.get("transition_order2")),
     ),
     "no_role_counts": Variant(
         "without role counts (role_counts=false)",
@@ -561,11 +566,14 @@ def render(
         cells = [NAMES.get(s["dataset"], s["dataset"])]
         for strat in STRATEGIES:
             stat = _get(s, "seed_stats", strat)
-            ours = (
-                f"{100 * stat['mean']:.2f} ± {100 * stat['std']:.2f} ({stat['n']})"
-                if stat
-                else _pct(_get(s, "variants", "full", "eval", "test", "transductive", strat, "ap"))
-            )
+            if stat and stat["n"] > 1:
+                ours = f"{100 * stat['mean']:.2f} ± {100 * stat['std']:.2f} ({stat['n']})"
+            elif stat:  # one seed: no spread to give
+                ours = f"{100 * stat['mean']:.2f} (1)"
+            else:
+                ours = _pct(
+                    _get(s, "variants", "full", "eval", "test", "transductive", strat, "ap")
+                )
             goal, who = best[SHORT[strat]]
             mean = (
                 stat["mean"]

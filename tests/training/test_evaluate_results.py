@@ -147,6 +147,11 @@ def test_a_cell_at_its_goal_is_bold_and_each_stream_says_how_far_the_others_are(
     assert "- **UCI** meets the goal on hist, ind; rnd 0.35 below TPNet (97.35)." in text
     assert "- UCI: finished 2026-11-27T09:00:00+00:00 (Test CPU, 2 cores" in text
     assert "not run with today's trainer yet: MOOC." in text
+    # One seed has no spread to give.
+    render(
+        [_summary("uci", {"random": 0.97, "historical": 0.9, "inductive": 0.8}, n=1)], doc, tmp_path
+    )
+    assert "| UCI | 97.00 (1) / 97.35 TPNet |" in doc.read_text()
 
 
 def test_rendering_keeps_the_node_classification_section_and_what_follows_it(tmp_path) -> None:
