@@ -67,6 +67,26 @@ def other_endpoint(event: LoggedEvent, node: str) -> str:
     return event.dst if event.src == node else event.src
 
 
+def neighbours_from_members(nodes: list[str], members: list[list[bytes]]) -> list[str | None]:
+    """``neighbours_before``'s answers from each node's history members before the
+    event, newest first (none: None)."""
+    return [
+        other_endpoint(decode_event(ms[0]), n) if ms else None
+        for ms, n in zip(members, nodes, strict=True)
+    ]
+
+
+def two_neighbours_from_members(
+    nodes: list[str], members: list[list[bytes]]
+) -> list[tuple[str | None, str | None]]:
+    """``two_neighbours_before``'s answers from each node's (up to) two history members
+    before the event, newest first."""
+    return [
+        two_entries_before(n, [decode_event(m) for m in ms])
+        for ms, n in zip(members, nodes, strict=True)
+    ]
+
+
 def two_entries_before(node: str, newest_first: list[LoggedEvent]) -> tuple[str | None, str | None]:
     """``node``'s two latest neighbour-list entries before some event, from its (up to)
     two latest history events before it, newest first: a self-loop is two entries of

@@ -45,8 +45,6 @@ from .common import (
     encode_tail,
     event_ids,
     event_time,
-    other_endpoint,
-    two_entries_before,
 )
 from .faults import BEFORE_COMMIT, BETWEEN_PARTITION_APPENDS, fault_active, maybe_crash
 from .layout import claim_partitions
@@ -158,27 +156,12 @@ class PartitionedRedisStore(RedisStore):
         k = self._parts[p]
         return [k.doubt] + [k.history + n.encode() for n in nodes]
 
-    @_guard
-    def neighbours_before(self, nodes: list[str], events: list[LoggedEvent]) -> list[str | None]:
-        return [
-            other_endpoint(decode_event(ms[0]), n) if ms else None
-            for ms, n in zip(self._entries_before(nodes, events, 1), nodes, strict=True)
-        ]
-
-    @_guard
-    def two_neighbours_before(
-        self, nodes: list[str], events: list[LoggedEvent]
-    ) -> list[tuple[str | None, str | None]]:
-        return [
-            two_entries_before(n, [decode_event(m) for m in ms])
-            for ms, n in zip(self._entries_before(nodes, events, 2), nodes, strict=True)
-        ]
-
     def _entries_before(
         self, nodes: list[str], events: list[LoggedEvent], count: int
     ) -> list[list[bytes]]:
         """Each node's latest ``count`` (1 or 2) committed history members before
-        ``events[i]``, newest first; ``HeldByDoubt`` while one of them is in doubt."""
+        ``events[i]``, newest first; ``HeldByDoubt`` while one of them is in doubt
+        (what ``neighbours_before`` and ``two_neighbours_before`` read here)."""
         # Each partition numbers its own copies: the other endpoint's copy of an event
         # says nothing by its seq about where the event sits in this node's history, so
         # the node's own copy is found by the event's time and id (PREVIOUS_LUA).

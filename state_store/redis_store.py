@@ -73,8 +73,8 @@ from .common import (
     encode_tail,
     event_ids,
     event_time,
-    other_endpoint,
-    two_entries_before,
+    neighbours_from_members,
+    two_neighbours_from_members,
 )
 from .config import RedisStoreConfig
 from .layout import claim_partitions
@@ -549,19 +549,13 @@ class RedisStore(StateStore):
 
     @_guard
     def neighbours_before(self, nodes: list[str], events: list[LoggedEvent]) -> list[str | None]:
-        return [
-            other_endpoint(decode_event(ms[0]), n) if ms else None
-            for ms, n in zip(self._entries_before(nodes, events, 1), nodes, strict=True)
-        ]
+        return neighbours_from_members(nodes, self._entries_before(nodes, events, 1))
 
     @_guard
     def two_neighbours_before(
         self, nodes: list[str], events: list[LoggedEvent]
     ) -> list[tuple[str | None, str | None]]:
-        return [
-            two_entries_before(n, [decode_event(m) for m in ms])
-            for ms, n in zip(self._entries_before(nodes, events, 2), nodes, strict=True)
-        ]
+        return two_neighbours_from_members(nodes, self._entries_before(nodes, events, 2))
 
     def _entries_before(
         self, nodes: list[str], events: list[LoggedEvent], count: int
