@@ -82,6 +82,25 @@ def test_decayed_transition_counts_only_in_continuous_time() -> None:
     )
 
 
+def test_second_order_transition_counts_where_the_counts_are_decayed() -> None:
+    """The second-order record comes with the decayed counts (bipartite, continuous
+    time), not on snapshot streams; an explicit setting, or no counts at all, wins."""
+    src = np.repeat(np.arange(10), 40)
+    dst = 100 + np.tile(np.arange(40), 10)
+    continuous = StreamProfile.of(src, dst, np.arange(400.0))
+    chosen = choose_settings(continuous, {}, None)
+    assert chosen.config["transition_order2"] is True
+    assert any("second-order" in r for r in chosen.reasons)
+    snapshots = StreamProfile.of(src, dst, np.repeat([0.0, 1.0], 200))
+    assert "transition_order2" not in choose_settings(snapshots, {}, None).config
+    explicit_off = choose_settings(continuous, {"transition_order2": False}, None)
+    assert "transition_order2" not in explicit_off.config
+    assert (
+        "transition_order2"
+        not in choose_settings(continuous, {"transition_buckets": 0}, None).config
+    )
+
+
 def test_unipartite_stream_keeps_the_defaults(data_dir) -> None:
     p = _profile(data_dir, "uci")
     assert not p.bipartite

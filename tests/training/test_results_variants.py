@@ -23,7 +23,11 @@ def _chosen_config(data_dir, name: str, explicit: dict) -> dict:
 
 
 # Settings that only qualify a lever (what the rule sets with it): gone with it.
-COMPANIONS = {"identity_match_dim": {"identity_match_depth"}, "role_counts": {"role_count_unit"}}
+COMPANIONS = {
+    "identity_match_dim": {"identity_match_depth"},
+    "role_counts": {"role_count_unit"},
+    "transition_buckets": {"transition_decay", "transition_order2"},
+}
 
 
 @pytest.mark.parametrize(
@@ -32,6 +36,7 @@ COMPANIONS = {"identity_match_dim": {"identity_match_depth"}, "role_counts": {"r
         ("mooc", "no_identity_match", "identity_match_dim"),
         ("mooc", "no_transitions", "transition_buckets"),
         ("mooc", "no_transition_decay", "transition_decay"),
+        ("mooc", "no_transition_order2", "transition_order2"),
         ("canparl", "no_role_counts", "role_counts"),
     ],
 )
@@ -52,7 +57,8 @@ def test_a_row_takes_away_only_its_own_lever(data_dir, stream, variant, lever) -
 
 def test_rows_without_anything_to_take_away_are_not_trained(data_dir) -> None:
     uci = _chosen_config(data_dir, "uci", {})
-    for variant in ("no_identity_match", "no_transitions", "no_transition_decay", "no_role_counts"):
+    rows = ("no_identity_match", "no_transitions", "no_transition_decay", "no_transition_order2")
+    for variant in (*rows, "no_role_counts"):
         assert not VARIANTS[variant].applies(uci), variant
     for variant in ("state_only", "features_only", "linear_time"):
         assert VARIANTS[variant].applies(uci), variant
