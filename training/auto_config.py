@@ -40,9 +40,9 @@ Rules:
 * **Second-order transition counts on the same streams.** A second record of where the
   counterparts had been two steps back: the pair of their two previous neighbours
   (``transition_order2``): which item follows a student's last *two*. Test AP random /
-  historical / inductive, the default command without and with it: MOOC seed 0 94.86 /
-  97.92 / 96.08 -> 95.02 / 98.23 / 96.51, seed 1 94.76 / 98.37 / 96.79 -> 94.93 / 98.33
-  / 96.49; Wikipedia seed 0 98.83 / 95.20 / 94.23 -> 98.82 / 95.31 / 94.42
+  historical / inductive, the default command without and with it, 3 seeds: MOOC 94.72 /
+  98.20 / 96.48 -> 94.96 / 98.32 / 96.64 (every seed's validation and random-negative
+  AP up); Wikipedia seed 0 98.83 / 95.20 / 94.23 -> 98.82 / 95.31 / 94.42
   (docs/results/mooc-experiments.md, "Eighth round").
 * **Historical training negatives, whatever the share of repeated pairs.** Where pairs
   recur, random negatives alone teach the head that "met before" means "positive",
