@@ -704,9 +704,10 @@ def render(
 FINDINGS = """## What the numbers say
 
 - **Against the goal.** The lines under the first table say, per stream, which cells
-  reach the best published number and how far the others are; where a cell is below it, `docs/results/current-defaults.md` ("What is
-  left, by cell") lists what was tried on it and what each lever did, and the stream's own
-  experiment notes (`docs/results/*-experiments.md`) hold the runs.
+  reach the best published number and how far the others are; where a cell is below it,
+  `docs/results/current-defaults.md` ("What is left, by cell") lists what was tried on it
+  and what each lever did, and the streams' experiment notes (`docs/results/*.md`) hold
+  the runs.
 - **Pair features vs state (ablation).** The pair/activity features carry most of the
   random-negative AP on the continuous-time streams, while the SSM state is what carries
   the *historical* and *inductive* negatives: those are built from pairs seen before,
@@ -769,10 +770,11 @@ DIFFERENCES = """## How our setting differs from the paper's
 - **What the trainer adds, by stream** (`training/auto_config.py`, its reasons in each checkpoint's
   `metrics.json` under `auto`): historical training negatives where pairs recur; on bipartite streams with a
   small item side, the identity match (learned embeddings of hashed node ids, a transductive signal the paper's
-  DyGFormer and DyG-Mamba do not use, while memory models such as TGN and JODIE keep per-node memories) and
-  per-node transition counts (which item follows which, decayed over a twentieth of the training span); on
-  snapshot streams, batch visibility, lists that hold a snapshot, snapshot pair features and per-node role
-  counts. Each one's ablation row and measurements are in `docs/results/`.
+  DyGFormer and DyG-Mamba do not use, while memory models such as TGN and JODIE keep per-node memories); on
+  every bipartite stream, per-node transition counts (which item follows which; in continuous time also
+  decayed over a twentieth of the training span, and kept a second time for the two items before); on
+  snapshot streams, batch visibility, lists that hold a snapshot, snapshot pair features, per-node role
+  counts and the transition counts. Each one's ablation row and measurements are in `docs/results/`.
 - **Training.** Chronological batches of 200 training events; every touched node is re-scanned from a detached
   state about 16 events back, so gradients flow through 16+ scan steps (truncated back-propagation through time;
   a catch-up over more than 64 events, e.g. after a timestamp shared by thousands of events, runs without
