@@ -22,8 +22,11 @@ Per dataset (folder ``OUT/<name>/``):
    ``no_transition_order2/``, ``no_role_counts/``, ``no_identity_match/``; evaluated on test (transductive, all
    negatives).
 
-Each step writes ``summary.json``; ``--reuse`` skips steps whose outputs exist, and
-the document is rendered from whatever summaries exist (``--render-only``), so long
+Each step writes ``summary.json`` (each further seed as it finishes); ``--reuse`` skips
+steps whose outputs exist, and where ``runs/`` is gone it starts from the kept summary
+below, so that a later session can add seeds to a stream without training its rows
+again (a step that needs a checkpoint no longer there, such as the baselines, then has
+to come from that summary too). The document is rendered from whatever summaries exist (``--render-only``), so long
 runs can be done piecemeal. A copy of each dataset's summary is kept beside the
 document (``--summaries``, by default ``docs/results/summaries/<dataset>.json``, which is
 committed): a full run takes longer than a working session on a 2-core machine, so the
@@ -323,9 +326,14 @@ def run_dataset(
     out = out_root / name
     out.mkdir(parents=True, exist_ok=True)
     summary_path = out / "summary.json"
+    kept_path = kept / f"{name}.json" if kept is not None else None
+    from_kept = reuse and not summary_path.exists() and kept_path is not None and kept_path.exists()
+    source = kept_path if from_kept else summary_path
     summary: dict[str, Any] = (
-        json.loads(summary_path.read_text()) if (reuse and summary_path.exists()) else {}
+        json.loads(source.read_text()) if (reuse and source is not None and source.exists()) else {}
     )
+    if from_kept:
+        _log(f"{name}: reusing the kept summary {kept_path} (its rows' checkpoints are gone)")
     summary.update({"dataset": name, "budget": budget, "machine": _machine()})
 
     def save() -> None:
@@ -351,9 +359,8 @@ def run_dataset(
         if variant != "full" and not spec.applies(full_config):
             continue  # the trainer did not turn on what this row takes away
         cfg = {**base, **spec.change(full_config)}
-        if not (
-            reuse and (vdir / "metrics.json").exists() and variant in summary.get("variants", {})
-        ):
+        done = variant in summary.get("variants", {})
+        if not (reuse and done and ((vdir / "metrics.json").exists() or from_kept)):
             _log(f"{name}/{variant}: training ({budget})")
             t0 = time.perf_counter()
             train(data_path, vdir, cfg, test_eval=False, **kw)
@@ -382,9 +389,8 @@ def run_dataset(
             save()
     if "full" in wanted:
         _run_more_seeds(
-            name, data_path, out, budget, dict(base), seeds, summary, reuse, data, split
+            name, data_path, out, budget, dict(base), seeds, summary, reuse, data, split, save
         )
-        save()
     if baselines and not (reuse and "baselines" in summary):
         _log(f"{name}: baselines")
         ckpt = load_checkpoint(out / "full")
@@ -410,10 +416,12 @@ def _run_more_seeds(
     reuse: bool,
     data: Any,
     split: Any,
+    save: Callable[[], None],
 ) -> None:
     """The full model again with each further seed (``full-seed<k>``; the first seed is
     the ``full`` row itself), test AP with the three negative kinds per seed, and their
-    mean and standard deviation in ``summary["seed_stats"]``."""
+    mean and standard deviation in ``summary["seed_stats"]``, saved after each seed (a
+    seed takes up to an hour here: a stop loses only the one in progress)."""
     full = summary["variants"]["full"]
     per_seed = full.setdefault("seeds", {})
     per_seed[str(seeds[0])] = _test_aps(full["eval"])
@@ -434,6 +442,13 @@ def _run_more_seeds(
             seed=seed,
         )
         per_seed[str(seed)] = _test_aps(_test_metrics(load_checkpoint(sdir), data, split))
+        _seed_stats(summary, per_seed)
+        save()
+    _seed_stats(summary, per_seed)
+    save()
+
+
+def _seed_stats(summary: dict[str, Any], per_seed: dict[str, dict[str, float]]) -> None:
     summary["seed_stats"] = {
         strat: {
             "mean": float(np.mean([r[strat] for r in per_seed.values()])),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from training.results import PAPER_TABLE4, main, render
@@ -114,7 +116,13 @@ def test_seed_statistics_are_the_mean_and_spread_of_every_seed(tmp_path) -> None
         }
     }
     budget = {"epochs": 1, "patience": 1, "max_train_events": None}
-    _run_more_seeds("uci", tmp_path, tmp_path, budget, {}, (0, 1), summary, True, None, None)
+    saved: list[dict] = []
+
+    def save() -> None:
+        saved.append(json.loads(json.dumps(summary["seed_stats"])))
+
+    _run_more_seeds("uci", tmp_path, tmp_path, budget, {}, (0, 1), summary, True, None, None, save)
+    assert saved and saved[-1] == summary["seed_stats"]  # what is kept is what is shown
     st = summary["seed_stats"]
     assert st["random"]["n"] == 2
     assert st["random"]["mean"] == pytest.approx(0.97)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 
 import numpy as np
 
@@ -49,3 +50,19 @@ def test_results_rows_replay_with_the_visibility_each_seed_was_trained_with(
     # The row's budget column says how it was evaluated.
     rows = [line for line in doc.read_text().splitlines() if line.startswith("| snap | rnd |")]
     assert rows and all("batch visibility" in line for line in rows)
+
+    # A later session, runs/ gone: --reuse starts from the kept summary and adds a seed
+    # without training the rows it already has.
+    shutil.rmtree(out)
+    rc = main(
+        ["--data", str(root), "--out", str(out), "--doc", str(doc), "--datasets", "snap"]
+        + ["--epochs", "1", "--no-ablation", "--no-baselines", "--seeds", "0,1,2", "--mrr-k", "0"]
+        + ["--reuse"]
+    )
+    assert rc == 0
+    assert not (out / "snap" / "full").exists() and not (out / "snap" / "full-seed1").exists()
+    assert (out / "snap" / "full-seed2" / "metrics.json").exists()
+    again = json.loads(kept.read_text())
+    assert {s: again["variants"]["full"]["seeds"][s] for s in seeds} == seeds
+    assert sorted(again["variants"]["full"]["seeds"]) == ["0", "1", "2"]
+    assert again["seed_stats"]["random"]["n"] == 3
