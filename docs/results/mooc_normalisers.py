@@ -28,13 +28,25 @@ item (DyGLib's random negatives on a bipartite graph), with per (u, x) features:
   decays the counts, and the pair's eight inner products between r, s1 and s2 of u
   and x: on a student-item stream <s2_u, s1_x> counts, decayed, the students who
   visited one of u's items before u did and then visited x, the co-visitation signal
-  that the transition counts (which item follows which) only see in sequence.
+  that the transition counts (which item follows which) only see in sequence;
+* the order 2 count as the model's record holds it (added 2026-11-27): x's second
+  record hashes the pairs into B buckets (``pair_keys`` of the node keys, then
+  ``bucket_of``), so a query reads the sum over every pair that shares the bucket of
+  u's latest pair. For B of 256 (the record today), 512, 1024 and 4096: how much do
+  the collisions cost against the exact count?
+* the pair's row sum as a *third node* holds it: T[l2, l1], how often anyone went from
+  u's second-latest item l2 to its latest l1, which is l1's own transition record at
+  l2 (what the order 2 row sum nearly is: it also counts the visitors of l1 that have
+  not moved on yet), read at the query; and the same count as it stood when u made
+  its event with l1 (a value the writer could copy into u's state from its
+  counterpart's record before the event).
 
 A logistic regression (``--mlp``: a small MLP on standardised features) is fitted on
 the validation queries and its test AP printed per feature set (AP of positives over negatives, as
 ``mooc_transitions.py``).
 
     python docs/results/mooc_normalisers.py [--data ../shared/data/mooc/edges.csv.gz] [--mlp]
+        [--only TEXT]
 """
 
 from __future__ import annotations
@@ -50,6 +62,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from walk_projections import Projections  # likewise
 
+from model.node_ids import node_key
+from model.transition_counts import bucket_of, pair_keys
 from training.data import read_edge_stream
 
 DEPTH = 3  # u's latest items read, as the model's TRANSITION_DEPTH
@@ -65,6 +79,10 @@ FEATURES = (
     + [f"projection {k}" for k in range(8)]
 )
 PROJECTION_DIM = 128
+HASHED_BUCKETS = (256, 512, 1024, 4096)  # the order 2 record's sizes compared
+FIRST_EXTRA = len(FEATURES)  # "all" stays the set it was before the columns below
+FEATURES += [f"order 2 hashed {b}" for b in HASHED_BUCKETS]
+FEATURES += ["latest item's count of the one before", "the same when u met it"]
 
 
 class DecayedColumns:
@@ -108,6 +126,8 @@ def features(
     decayed: list[DecayedColumns],
     t: float,
     walks: list[float],
+    hashed: list[float],
+    third: list[float],
 ) -> list[float]:
     latest = u_items[-DEPTH:][::-1]
     f: list[float] = []
@@ -129,13 +149,35 @@ def features(
     f += [np.log1p(second[pair][x]), np.log1p(sum(second[pair].values())) if len(pair) == 2 else 0]
     for columns in decayed:
         f += columns.read(x, latest, t)
-    return f + walks
+    return f + walks + hashed + third
+
+
+class HashedPairs:
+    """Each item's second record as the model keeps it: counts of the pairs (p2, p1)
+    its visitors came from, hashed into ``buckets`` (``pair_keys``, ``bucket_of``)."""
+
+    def __init__(self, buckets: int) -> None:
+        self.buckets = buckets
+        self.column: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+
+    def bucket(self, pair: tuple[int, ...]) -> int:
+        keys = [node_key(str(n)) for n in pair]
+        return int(bucket_of(pair_keys(np.array([keys[0]]), np.array([keys[1]])), self.buckets)[0])
+
+    def add(self, x: int, pair: tuple[int, ...]) -> None:
+        self.column[x][self.bucket(pair)] += 1
+
+    def read(self, x: int, pair: tuple[int, ...]) -> float:
+        return float(np.log1p(self.column[x][self.bucket(pair)])) if len(pair) == 2 else 0.0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="../shared/data/mooc/edges.csv.gz")
     ap.add_argument("--mlp", action="store_true", help="a small MLP (64) instead of the regression")
+    ap.add_argument(
+        "--only", default="", help="fit only the feature sets whose name holds this text"
+    )
     args = ap.parse_args()
     src, dst, ts, q70, q85, items = online_walk(read_edge_stream(args.data))
     rng = np.random.default_rng(0)
@@ -153,6 +195,8 @@ def main() -> None:
         0.0, 1.0 / np.sqrt(PROJECTION_DIM), (int(max(src.max(), dst.max())) + 1, PROJECTION_DIM)
     )
     walks = Projections(r, float(ts[-1] - ts[0]) / 20)
+    hashed = [HashedPairs(b) for b in HASHED_BUCKETS]
+    met_count: dict[int, float] = {}  # per student: T[l2, l1] when it met its latest l1
     rows: dict[str, tuple[list[list[float]], list[int]]] = {"val": ([], []), "test": ([], [])}
     for i in range(len(src)):
         u, v, t = int(src[i]), int(dst[i]), ts[i]
@@ -171,10 +215,18 @@ def main() -> None:
                         decayed,
                         t,
                         walks.pair(u, x, t),
+                        [h.read(x, tuple(items_of[u][-2:])) for h in hashed],
+                        [
+                            np.log1p(first[items_of[u][-2]][items_of[u][-1]])
+                            if len(items_of[u]) >= 2
+                            else 0.0,
+                            np.log1p(met_count.get(u, 0.0)),
+                        ],
                     )
                 )
                 rows[part][1].append(label)
         seen = items_of[u]  # learn only after scoring: a query never sees its own event
+        met_count[u] = float(first[seen[-1]][v]) if seen else 0.0  # (before this event's)
         if seen:
             first[seen[-1]][v] += 1
             row[seen[-1]] += 1
@@ -183,6 +235,8 @@ def main() -> None:
                 columns.add(v, seen[-1], t)
             if len(seen) >= 2:
                 second[tuple(seen[-2:])][v] += 1
+                for h in hashed:
+                    h.add(v, tuple(seen[-2:]))
         seen.append(v)
         walks.add(u, v, t)
         deg[u] += 1
@@ -217,17 +271,49 @@ def main() -> None:
         "+ decayed, 1 day, and order 2 count": base
         + decayed_columns("1 day")
         + columns("order 2 count"),
+        **{
+            f"+ decayed, 1 day, and order 2 count hashed into {b}": base
+            + decayed_columns("1 day")
+            + columns(f"order 2 hashed {b}")
+            for b in HASHED_BUCKETS
+        },
+        "+ decayed, 1 day, order 2 count and its row sum": base
+        + decayed_columns("1 day")
+        + columns("order 2 count", "order 2 row sum"),
+        "+ decayed, 1 day, order 2 count and T[l2, l1] at the query": base
+        + decayed_columns("1 day")
+        + columns("order 2 count", "latest item's count of the one before"),
+        "+ decayed, 1 day, order 2 count and T[l2, l1] when u met l1": base
+        + decayed_columns("1 day")
+        + columns("order 2 count", "the same when u met it"),
+        **{
+            f"+ decayed, 1 day, order 2 hashed into {b} and T[l2, l1] {when}": base
+            + decayed_columns("1 day")
+            + columns(f"order 2 hashed {b}", column)
+            for b in HASHED_BUCKETS
+            for when, column in (
+                ("at the query", "latest item's count of the one before"),
+                ("when u met l1", "the same when u met it"),
+            )
+        },
+        "+ decayed, 1 day, order 2 count and every row sum": base
+        + decayed_columns("1 day")
+        + columns("row sum", "order 2 count", "order 2 row sum"),
         "+ walk projections": base + columns("projection"),
         "+ decayed, 1 day, and walk projections": base
         + decayed_columns("1 day")
         + columns("projection"),
         "all but the walk projections": [
-            i for i, f in enumerate(FEATURES) if not f.startswith("projection")
+            i
+            for i, f in enumerate(FEATURES)
+            if not f.startswith("projection") and f in FEATURES[:FIRST_EXTRA]
         ],
-        "all": list(range(len(FEATURES))),
+        "all": list(range(FIRST_EXTRA)),
     }
     print(f"| features ({len(yt) // 2} test positives) | test AP |\n| --- | ---: |")
     for name, cols in sets.items():
+        if args.only not in name:
+            continue
         # (the regression on the raw features, as in the rows written before the MLP)
         model = (
             make_pipeline(StandardScaler(), MLPClassifier((64,), max_iter=300, random_state=0))
