@@ -360,7 +360,9 @@ def run_dataset(
             continue  # the trainer did not turn on what this row takes away
         cfg = {**base, **spec.change(full_config)}
         done = variant in summary.get("variants", {})
-        if not (reuse and done and ((vdir / "metrics.json").exists() or from_kept)):
+        # (a row in the summary is done even where its checkpoint is gone: it may have
+        # come from the kept summary, in this run or in an earlier one)
+        if not (reuse and done):
             _log(f"{name}/{variant}: training ({budget})")
             t0 = time.perf_counter()
             train(data_path, vdir, cfg, test_eval=False, **kw)

@@ -66,3 +66,16 @@ def test_results_rows_replay_with_the_visibility_each_seed_was_trained_with(
     assert {s: again["variants"]["full"]["seeds"][s] for s in seeds} == seeds
     assert sorted(again["variants"]["full"]["seeds"]) == ["0", "1", "2"]
     assert again["seed_stats"]["random"]["n"] == 3
+    # and once more, now from runs/'s own summary, whose rows have no checkpoints here
+    shutil.rmtree(out / "snap" / "full-seed2")
+    rc = main(
+        ["--data", str(root), "--out", str(out), "--doc", str(doc), "--datasets", "snap"]
+        + ["--epochs", "1", "--no-ablation", "--no-baselines", "--seeds", "0,1,2", "--mrr-k", "0"]
+        + ["--reuse"]
+    )
+    assert rc == 0 and not (out / "snap" / "full").exists()
+    assert not (out / "snap" / "full-seed2").exists()  # nothing was trained again
+    assert (
+        json.loads(kept.read_text())["variants"]["full"]["seeds"]
+        == again["variants"]["full"]["seeds"]
+    )
