@@ -25,11 +25,14 @@ def test_results_rows_replay_with_the_visibility_each_seed_was_trained_with(
     with gzip.open(root / "snap" / "edges.csv.gz", "wt") as f:
         f.write("\n".join([header, *rows[::12]]) + "\n")
     out, doc = tmp_path / "runs", tmp_path / "RESULTS.md"
-    rc = main(
-        ["--data", str(root), "--out", str(out), "--doc", str(doc), "--datasets", "snap"]
-        + ["--epochs", "1", "--no-ablation", "--no-baselines", "--seeds", "0,1", "--mrr-k", "0"]
-    )
-    assert rc == 0
+
+    def run(*extra: str) -> int:
+        return main(
+            ["--data", str(root), "--out", str(out), "--doc", str(doc), "--datasets", "snap"]
+            + ["--epochs", "1", "--no-ablation", "--no-baselines", "--mrr-k", "0", *extra]
+        )
+
+    assert run("--seeds", "0,1") == 0
     summary = json.loads((out / "snap" / "summary.json").read_text())
     # A copy is kept beside the document, for a later session's render.
     kept = tmp_path / "results" / "summaries" / "snap.json"
@@ -54,12 +57,7 @@ def test_results_rows_replay_with_the_visibility_each_seed_was_trained_with(
     # A later session, runs/ gone: --reuse starts from the kept summary and adds a seed
     # without training the rows it already has.
     shutil.rmtree(out)
-    rc = main(
-        ["--data", str(root), "--out", str(out), "--doc", str(doc), "--datasets", "snap"]
-        + ["--epochs", "1", "--no-ablation", "--no-baselines", "--seeds", "0,1,2", "--mrr-k", "0"]
-        + ["--reuse"]
-    )
-    assert rc == 0
+    assert run("--seeds", "0,1,2", "--reuse") == 0
     assert not (out / "snap" / "full").exists() and not (out / "snap" / "full-seed1").exists()
     assert (out / "snap" / "full-seed2" / "metrics.json").exists()
     again = json.loads(kept.read_text())
@@ -68,12 +66,8 @@ def test_results_rows_replay_with_the_visibility_each_seed_was_trained_with(
     assert again["seed_stats"]["random"]["n"] == 3
     # and once more, now from runs/'s own summary, whose rows have no checkpoints here
     shutil.rmtree(out / "snap" / "full-seed2")
-    rc = main(
-        ["--data", str(root), "--out", str(out), "--doc", str(doc), "--datasets", "snap"]
-        + ["--epochs", "1", "--no-ablation", "--no-baselines", "--seeds", "0,1,2", "--mrr-k", "0"]
-        + ["--reuse"]
-    )
-    assert rc == 0 and not (out / "snap" / "full").exists()
+    assert run("--seeds", "0,1,2", "--reuse") == 0
+    assert not (out / "snap" / "full").exists()
     assert not (out / "snap" / "full-seed2").exists()  # nothing was trained again
     assert (
         json.loads(kept.read_text())["variants"]["full"]["seeds"]
