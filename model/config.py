@@ -108,6 +108,14 @@ class ModelConfig(BaseModel):
         " where the counterparts came from two steps back (the pair of their two previous"
         " neighbours), read at the other endpoint's latest pair (model/transition_counts.py)",
     )
+    latest_transition_count: bool = Field(
+        False,
+        description="EXPERIMENT, trainer and evaluator only (the service refuses it: its"
+        " writers do not keep it yet): with transition_buckets, each node also keeps how often"
+        " its latest transition had been made before it made it (its latest neighbour's"
+        " transition count at the bucket of the neighbour before that, as that record stood"
+        " before the event), read for both endpoints (model/transition_counts.py)",
+    )
     time_norm: TimeNormalisation = TimeNormalisation()
     delta_min: float = Field(
         DEFAULT_DELTA_MIN,
@@ -137,6 +145,8 @@ class ModelConfig(BaseModel):
             raise ValueError("transition_decay decays the transition counts: it needs them")
         if self.transition_order2 and not self.transition_buckets:
             raise ValueError("transition_order2 is a second transition record: it needs the first")
+        if self.latest_transition_count and not self.transition_buckets:
+            raise ValueError("latest_transition_count reads transition records: it needs them")
         if self.transition_order2 and self.neighbour_list_len < 2:
             raise ValueError("transition_order2 reads a node's two latest neighbours: lists of 2+")
         if self.identity_match_dim and not self.node_hash_buckets:

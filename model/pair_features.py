@@ -49,7 +49,10 @@ def pair_feature_dim(config: ModelConfig) -> int:
     snapshot = SNAPSHOT_FEATURE_DIM if config.snapshot_pair_features else 0
     counts = 2 * ROLE_COUNT_FEATURES if config.role_counts else 0
     transitions = transition_feature_dim(
-        config.transition_buckets, config.transition_decay, config.transition_order2
+        config.transition_buckets,
+        config.transition_decay,
+        config.transition_order2,
+        config.latest_transition_count,
     )
     return PAIR_FEATURE_DIM + snapshot + counts + transitions
 
@@ -271,6 +274,7 @@ def transition_inputs(
         lists_u.times[:, -1].cpu().numpy(),
         lists_v.times[:, -1].cpu().numpy(),
         config.transition_order2,
+        config.latest_transition_count,
     )
     return torch.from_numpy(feats).to(lists_u.keys.device)
 

@@ -50,13 +50,17 @@ TRANSITION_DEPTH = 3  # the other endpoint's latest neighbours a query looks up
 PAD = -1  # no previous neighbour (the counterpart's first event)
 
 
-def transition_feature_dim(buckets: int, decay: float = 0.0, order2: bool = False) -> int:
+def transition_feature_dim(
+    buckets: int, decay: float = 0.0, order2: bool = False, latest: bool = False
+) -> int:
     """Head inputs per pair: per direction the counts at the other endpoint's latest
     ``TRANSITION_DEPTH`` neighbours, and the record's total; with ``order2`` the second
     record's count at the other endpoint's latest pair; with ``decay``, the decayed
-    ones again."""
+    ones again; with ``latest``, each endpoint's latest transition count."""
     per_direction = TRANSITION_DEPTH + 1 + (1 if order2 else 0)
-    return (2 if decay else 1) * 2 * per_direction if buckets else 0
+    if not buckets:
+        return 0
+    return (2 if decay else 1) * 2 * per_direction + (2 if latest else 0)
 
 
 def record_width(buckets: int, decay: float = 0.0, order2: bool = False) -> int:
@@ -186,6 +190,46 @@ def counterpart_previous(
     return for_src, for_dst
 
 
+def latest_transition_counts(
+    counts: np.ndarray | None,
+    src_rows: Sequence[int],
+    dst_rows: Sequence[int],
+    src_previous: Sequence[int],
+    dst_previous: Sequence[int],
+    buckets: int,
+) -> tuple[list[float], list[float]]:
+    """Per event (src_rows[i], dst_rows[i]) in (t, seq) order: how often the source's
+    latest transition (its own previous neighbour, ``src_previous[i]``, then the
+    destination) had been made before this event, which is the destination's raw
+    transition count at the bucket of ``src_previous[i]`` before the event's own adds;
+    and the same for the destination. ``counts``: the records before these events (None:
+    all empty); PAD previous: 0.
+
+    ``ModelConfig.latest_transition_count`` (an experiment, not served yet): on MOOC a
+    probe found it worth 0.65 AP over the second-order counts (it normalises them: how
+    often anyone took this path), docs/results/mooc-experiments.md, ninth round. It is the
+    one value here that a writer takes from its counterpart's record, so every writer
+    must see the counterpart's record as of the event; the trainer and the replay do,
+    the service's writers (which may advance one endpoint without the other) do not
+    yet."""
+    added: dict[tuple[int, int], int] = {}
+    met_src: list[float] = []
+    met_dst: list[float] = []
+    for s, d, ps, pd in zip(src_rows, dst_rows, src_previous, dst_previous, strict=True):
+        bs = ps % buckets if ps >= 0 else -1
+        bd = pd % buckets if pd >= 0 else -1
+        for row, b, out in ((d, bs, met_src), (s, bd, met_dst)):
+            if b < 0:
+                out.append(0.0)
+                continue
+            start = float(counts[row, b]) if counts is not None else 0.0
+            out.append(start + added.get((row, b), 0))
+        for row, b in ((d, bs), (s, bd)):
+            if b >= 0:
+                added[(row, b)] = added.get((row, b), 0) + 1
+    return met_src, met_dst
+
+
 def transition_features(
     records_u: TransitionCounts,
     records_v: TransitionCounts,
@@ -197,6 +241,7 @@ def transition_features(
     newest_u: np.ndarray | None = None,
     newest_v: np.ndarray | None = None,
     order2: bool = False,
+    latest: bool = False,
 ) -> np.ndarray:
     """(N, transition_feature_dim) float32 head inputs of pairs (u_i, v_i): log1p of v's
     counts at the buckets of u's latest neighbours (``latest_u``: (N, TRANSITION_DEPTH)
@@ -204,7 +249,8 @@ def transition_features(
     ``order2``, v's second record at the pair of u's two latest, and u's at v's; with
     ``decay``, the same from the decayed counts at the query times ``tau``, each record
     read from its node's newest entry time (``newest_u``, ``newest_v``: the lists'
-    newest column). The torch and numpy scorers both call it with their own latest
+    newest column); with ``latest``, u's and v's latest transition counts
+    (``latest_transition_counts``). The torch and numpy scorers both call it with their own latest
     neighbours."""
     bu, bv = bucket_of(latest_u, buckets), bucket_of(latest_v, buckets)
     cols = [
@@ -226,6 +272,8 @@ def transition_features(
         cols += [at_v, total_v[:, None], at_u, total_u[:, None]]
         if order2:
             cols += [second_v.decayed(pu, tau, newest_v)[0], second_u.decayed(pv, tau, newest_u)[0]]
+    if latest:
+        cols += [records_u.latest()[:, None], records_v.latest()[:, None]]
     return np.log1p(np.concatenate(cols, axis=1).astype(np.float32))
 
 
@@ -246,6 +294,10 @@ class TransitionCounts(Protocol):
         """The same rows' second-order records (``ModelConfig.transition_order2``)."""
         ...
 
+    def latest(self) -> np.ndarray:
+        """(N,) each row's latest transition count (``latest_transition_counts``)."""
+        ...
+
     def decayed(
         self, buckets: np.ndarray, tau: np.ndarray, newest: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -258,8 +310,15 @@ class DenseTransitions:
     """Records held whole: (N, ``record_width``) float32, as the blob and the replay
     keep them."""
 
-    def __init__(self, counts: np.ndarray, buckets: int, decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        counts: np.ndarray,
+        buckets: int,
+        decay: float = 0.0,
+        latest: np.ndarray | None = None,
+    ) -> None:
         self.counts, self.buckets, self.decay = counts, buckets, decay
+        self.latest_counts = latest  # (N,) where kept (the replay's experiment)
 
     @classmethod
     def empty(
@@ -271,7 +330,14 @@ class DenseTransitions:
         return DenseTransitions(counts, self.buckets, self.decay)
 
     def select(self, index: np.ndarray) -> DenseTransitions:
-        return self.like(self.counts[np.asarray(index)])
+        index = np.asarray(index)
+        latest = None if self.latest_counts is None else self.latest_counts[index]
+        return DenseTransitions(self.counts[index], self.buckets, self.decay, latest)
+
+    def latest(self) -> np.ndarray:
+        if self.latest_counts is None:
+            raise ValueError("these records keep no latest transition counts")
+        return self.latest_counts.astype(np.float32)
 
     def second(self) -> DenseTransitions:
         one = record_width(self.buckets, self.decay)

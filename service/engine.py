@@ -131,6 +131,13 @@ class ModelRuntime:
         onnx_dir: Path | None = None,
         device: str = "cpu",
     ) -> None:
+        if checkpoint.config.latest_transition_count:
+            # (model/transition_counts.latest_transition_counts: a writer that advances
+            # one endpoint without the other cannot keep it yet)
+            raise ValueError(
+                "this checkpoint reads latest transition counts (latest_transition_count), an"
+                " experiment the trainer and the evaluator run but the service cannot serve yet"
+            )
         self.checkpoint = checkpoint
         self.backend = backend
         # States are decoded and encoded on the host; the model's work (the rank-major

@@ -26,7 +26,12 @@ from model.pair_features import PAD_KEY
 from model.role_counts import empty_records, prefix_records
 from model.streaming import NeighbourLists
 from model.transition_counts import PAD as NO_PREVIOUS
-from model.transition_counts import bucket_of, decay_factor, pair_keys
+from model.transition_counts import (
+    bucket_of,
+    decay_factor,
+    latest_transition_counts,
+    pair_keys,
+)
 
 from .data import EdgeStream
 
@@ -87,6 +92,8 @@ class NodeEventIndex:
     _records: np.ndarray | None = None
     # Transition counts at every prefix, per number of buckets (built on first use).
     _transitions: dict[tuple[int, float, int], PrefixTransitionIndex] | None = None
+    # Latest transition counts per entry, per number of buckets (built on first use).
+    _latest_counts: dict[int, np.ndarray] | None = None
 
     @classmethod
     def build(cls, data: IndexedStream, events: np.ndarray) -> NodeEventIndex:
@@ -152,9 +159,11 @@ class NodeEventIndex:
         buckets: int,
         decay: float = 0.0,
         order2: bool = False,
+        latest: bool = False,
     ) -> PrefixTransitions:
         """Each node's transition counts after its first ``m`` events (and, with
-        ``order2``, its second-order ones)."""
+        ``order2``, its second-order ones; with ``latest``, its latest transition count
+        after them)."""
         if self._transitions is None:
             self._transitions = {}
         for order in (1, 2) if order2 else (1,):
@@ -163,7 +172,43 @@ class NodeEventIndex:
                     self, buckets, decay, second=order == 2
                 )
         second = self._transitions[(buckets, decay, 2)] if order2 else None
-        return PrefixTransitions(self._transitions[(buckets, decay, 1)], nodes, m, second)
+        counts = None
+        if latest:
+            per_entry = self.latest_transition_counts(buckets)
+            nodes, m = np.asarray(nodes), np.asarray(m)
+            at = np.maximum(self.offsets[nodes] + m - 1, 0)
+            counts = np.where(m > 0, per_entry[at] if len(per_entry) else 0.0, 0.0)
+        return PrefixTransitions(self._transitions[(buckets, decay, 1)], nodes, m, second, counts)
+
+    def latest_transition_counts(self, buckets: int) -> np.ndarray:
+        """(M,) per entry: the node's latest transition count after it
+        (``transition_counts.latest_transition_counts``, walked over this index's events
+        in stream order)."""
+        if self._latest_counts is None:
+            self._latest_counts = {}
+        if buckets not in self._latest_counts:
+            node_of = np.repeat(np.arange(self.num_nodes), np.diff(self.offsets))
+            src_e = np.flatnonzero(self.role == ROLE_SRC)
+            dst_e = np.flatnonzero(self.role == ROLE_DST)
+            src_e = src_e[np.argsort(self.event[src_e], kind="stable")]
+            dst_e = dst_e[np.argsort(self.event[dst_e], kind="stable")]
+            src, dst = node_of[src_e], node_of[dst_e]
+            src_key, dst_key = self.other_key[dst_e], self.other_key[src_e]
+            latest: dict[int, int] = {}
+            prev_src, prev_dst = [], []
+            for u, v, ku, kv in zip(
+                src.tolist(), dst.tolist(), src_key.tolist(), dst_key.tolist(), strict=True
+            ):
+                prev_src.append(latest.get(u, NO_PREVIOUS))
+                prev_dst.append(latest.get(v, NO_PREVIOUS))
+                latest[u], latest[v] = kv, ku  # (a self-loop: the node itself)
+            met_src, met_dst = latest_transition_counts(
+                None, src.tolist(), dst.tolist(), prev_src, prev_dst, buckets
+            )
+            out = np.zeros(len(self.event))
+            out[src_e], out[dst_e] = met_src, met_dst
+            self._latest_counts[buckets] = out
+        return self._latest_counts[buckets]
 
     def neighbour_lists(
         self,
@@ -174,6 +219,7 @@ class NodeEventIndex:
         transition_buckets: int = 0,
         transition_decay: float = 0.0,
         transition_order2: bool = False,
+        latest_transition_count: bool = False,
     ) -> NeighbourLists:
         """Last ``length`` (other key, t) entries among each node's first ``m`` events;
         with ``role_counts``, also each node's role-count record after them, and with
@@ -182,7 +228,14 @@ class NodeEventIndex:
         m = np.asarray(m, dtype=np.int64)
         records = self.role_count_records(nodes, m) if role_counts else None
         transitions = (
-            self.transitions(nodes, m, transition_buckets, transition_decay, transition_order2)
+            self.transitions(
+                nodes,
+                m,
+                transition_buckets,
+                transition_decay,
+                transition_order2,
+                latest_transition_count,
+            )
             if transition_buckets
             else None
         )
@@ -324,17 +377,27 @@ class PrefixTransitions:
         nodes: np.ndarray,
         m: np.ndarray,
         second_index: PrefixTransitionIndex | None = None,
+        latest: np.ndarray | None = None,
     ) -> None:
         self.index, self.nodes, self.m = index, np.asarray(nodes), np.asarray(m)
         self.second_index = second_index
+        self.latest_counts = latest
 
     def select(self, index: np.ndarray) -> PrefixTransitions:
-        return PrefixTransitions(self.index, self.nodes[index], self.m[index], self.second_index)
+        latest = None if self.latest_counts is None else self.latest_counts[index]
+        return PrefixTransitions(
+            self.index, self.nodes[index], self.m[index], self.second_index, latest
+        )
 
     def second(self) -> PrefixTransitions:
         if self.second_index is None:
             raise ValueError("these records keep no second-order counts")
         return PrefixTransitions(self.second_index, self.nodes, self.m)
+
+    def latest(self) -> np.ndarray:
+        if self.latest_counts is None:
+            raise ValueError("these records keep no latest transition counts")
+        return np.asarray(self.latest_counts, dtype=np.float32)
 
     def _ranges(self, buckets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ix = self.index

@@ -33,6 +33,7 @@ from model.transition_counts import (
     counterpart_previous,
     counterpart_previous_two,
     empty_counts,
+    latest_transition_counts,
     pair_keys,
 )
 
@@ -75,6 +76,8 @@ class StreamReplay:
         self.transitions = (
             empty_counts(n, self.buckets, self.decay, self.order2) if self.buckets else None
         )
+        # each node's latest transition count (ModelConfig.latest_transition_count)
+        self.latest = np.zeros(n) if model.config.latest_transition_count else None
         self.applied = 0
 
     def per_node_events(self, events: np.ndarray) -> tuple[np.ndarray, list[list[NodeEvent]]]:
@@ -148,6 +151,19 @@ class StreamReplay:
                 )
             else:
                 for_src, for_dst = counterpart_previous(src_keys, dst_keys, latest)
+            if self.latest is not None:  # before this call's adds: read them in order
+                met_src, met_dst = latest_transition_counts(
+                    self.transitions,
+                    d.src[idx].tolist(),
+                    d.dst[idx].tolist(),
+                    for_dst,
+                    for_src,
+                    self.buckets,
+                )
+                for u, v, a, b in zip(
+                    d.src[idx].tolist(), d.dst[idx].tolist(), met_src, met_dst, strict=True
+                ):
+                    self.latest[u], self.latest[v] = a, b
             rows = np.concatenate([d.src[idx], d.dst[idx]])
             prev = np.array(for_src + for_dst, dtype=np.int64)
             times = np.concatenate([d.t[idx], d.t[idx]])
@@ -173,7 +189,12 @@ class StreamReplay:
             None if self.records is None else torch.from_numpy(self.records[nodes]),
             None
             if self.transitions is None
-            else DenseTransitions(self.transitions[nodes], self.buckets, self.decay),
+            else DenseTransitions(
+                self.transitions[nodes],
+                self.buckets,
+                self.decay,
+                None if self.latest is None else self.latest[nodes],
+            ),
         )  # (a second-order record, where kept, is the second half of the same rows)
 
     def score(self, qs: np.ndarray, qd: np.ndarray, qt: np.ndarray) -> np.ndarray:

@@ -244,6 +244,7 @@ class EpochRunner:
                 cfg.transition_buckets,
                 cfg.transition_decay,
                 cfg.transition_order2,
+                cfg.latest_transition_count,
             )
             keys = torch.from_numpy(d.keys[q_nodes])
             m_t = torch.from_numpy(q_m)

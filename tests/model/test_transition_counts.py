@@ -6,6 +6,7 @@ tests/model/test_numpy_scorer.py, "transition_counts")."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from model.config import ModelConfig
@@ -20,6 +21,7 @@ from model.transition_counts import (
     counterpart_previous,
     counterpart_previous_two,
     empty_counts,
+    latest_transition_counts,
     pair_keys,
     transition_feature_dim,
 )
@@ -208,3 +210,60 @@ def test_second_order_prefix_counts_equal_the_streamed_ones(data_dir):
     # entries have two previous neighbours.
     assert streamed.totals().sum() > 0.9 * DenseTransitions(first, buckets, decay).totals().sum()
     assert not np.array_equal(streamed.at(every_bucket), first[:, :buckets])
+
+
+def test_latest_transition_counts_by_hand():
+    """a-x, b-x, a-y, b-y, a-y. When b goes x -> y (4th), a had gone x -> y once before:
+    y's count at x was 1. When a goes y -> y (5th), nobody had reached y from y: 0. The
+    items' side alike: at b-y, y's previous visitor a, and b had been reached from a
+    once (at b-x, x's previous visitor was a). A node with no previous neighbour reads
+    0."""
+    a, b, x, y = 0, 1, 2, 3
+    keys = [10, 11, 12, 13]
+    latest: dict[int, int] = {}
+    src, dst = [a, b, a, b, a], [x, x, y, y, y]
+    for_src, for_dst = counterpart_previous([keys[n] for n in src], [keys[n] for n in dst], latest)
+    met_src, met_dst = latest_transition_counts(None, src, dst, for_dst, for_src, 16)
+    assert met_src == [0, 0, 0, 1, 0]
+    assert met_dst == [0, 0, 0, 1, 0]
+    # from records kept before: the same counts plus what they held
+    counts = np.zeros((4, 16), dtype=np.float32)
+    counts[y, keys[x] % 16] = 5
+    again, _ = latest_transition_counts(counts, src, dst, for_dst, for_src, 16)
+    assert again == [0, 0, 5, 6, 0]
+    with pytest.raises(ValueError, match="needs them"):  # it reads the records
+        ModelConfig(latest_transition_count=True)
+
+
+def test_latest_transition_counts_of_the_replay_equal_the_prefix_index(data_dir):
+    """``ModelConfig.latest_transition_count``: the evaluator's replay (batches of
+    uneven sizes, each read before its own adds) and the trainer's prefix index give
+    every node the same value, on Can. Parl. (self-loops, many events at one time)."""
+    from model.link_model import DygMambaLinkModel
+    from training.replay import StreamReplay
+
+    d = IndexedStream.build(read_edge_stream(data_dir / "canparl"))
+    cfg = ModelConfig(
+        d_model=8,
+        d_state=4,
+        neighbour_list_len=4,
+        transition_buckets=64,
+        transition_order2=True,
+        latest_transition_count=True,
+    )
+    replay = StreamReplay(DygMambaLinkModel(cfg), d)
+    events = np.arange(20_000)
+    index = NodeEventIndex.build(d, events)
+    nodes = np.arange(d.num_nodes)
+    lo = 0
+    for hi in (1, 500, 7_777, 7_778, 13_000, 20_000):
+        replay.ingest(events[lo:hi], bulk=True)
+        lo = hi
+        if hi not in (7_777, 20_000):
+            continue
+        m = index.prefix_count_before_event(nodes, np.full(d.num_nodes, hi))
+        prefix = index.transitions(nodes, m, 64, order2=True, latest=True).latest()
+        served = replay.neighbour_lists(nodes).transitions
+        assert served is not None
+        np.testing.assert_array_equal(prefix, served.latest())
+    assert (prefix > 0).mean() > 0.5  # most nodes' latest transition had been made before

@@ -240,3 +240,16 @@ def test_a_plain_ingest_asks_the_log_nothing(redis_single, data_dir, tmp_path, p
             assert float(lists.transitions.second().totals().sum()) > 3000
     finally:
         store.close()
+
+
+def test_the_latest_transition_count_experiment_is_refused_with_a_reason(tmp_path):
+    """``latest_transition_count`` is kept by the trainer and the evaluator only
+    (docs/results/mooc-experiments.md, ninth round): the service's writers cannot keep
+    it yet, so it refuses the checkpoint rather than serve scores that differ."""
+    path = tmp_path / "ck"
+    make_checkpoint(path, seed=0, transition_buckets=16, latest_transition_count=True)
+    with pytest.raises(ValueError, match="latest_transition_count"):
+        ModelRuntime.load(path)
+    plain = tmp_path / "plain"
+    make_checkpoint(plain, seed=0, transition_buckets=16)
+    assert ModelRuntime.load(plain).config.transition_buckets == 16

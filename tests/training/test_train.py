@@ -143,6 +143,14 @@ def test_evaluator_equals_event_by_event_advance_and_score(trained, uci_slice) -
 
 SNAPSHOT_COUNTS = {"snapshot_pair_features": True}
 ROLE_COUNTS = {**SNAPSHOT_COUNTS, "role_counts": True, "role_count_unit": 200000.0}
+# every transition record, and the latest transition count (an experiment the service
+# does not serve yet: model/transition_counts.latest_transition_counts)
+TRANSITION_COUNTS = {
+    "transition_buckets": 16,
+    "transition_decay": 259_200.0,
+    "transition_order2": True,
+    "latest_transition_count": True,
+}
 
 
 @pytest.mark.parametrize(
@@ -156,6 +164,8 @@ ROLE_COUNTS = {**SNAPSHOT_COUNTS, "role_counts": True, "role_count_unit": 200000
         (True, 0.0, False, "batch", SNAPSHOT_COUNTS),
         (True, 0.0, False, "batch", ROLE_COUNTS),
         (False, 0.0, False, "exact", ROLE_COUNTS),
+        (False, 0.5, False, "exact", TRANSITION_COUNTS),
+        (True, 0.0, False, "batch", TRANSITION_COUNTS),
     ],
     ids=[
         "uci-times",
@@ -166,6 +176,8 @@ ROLE_COUNTS = {**SNAPSHOT_COUNTS, "role_counts": True, "role_count_unit": 200000
         "coarse-times-batch-snapshot-counts",
         "coarse-times-batch-role-counts",
         "uci-times-role-counts",
+        "uci-times-latest-transition-counts",
+        "coarse-times-batch-latest-transition-counts",
     ],
 )
 def test_trainer_scores_equal_streaming_scores(
@@ -184,6 +196,8 @@ def test_trainer_scores_equal_streaming_scores(
     "-snapshot-counts": the same with the snapshot pair features (a fresh model);
     "-role-counts": and the role-count records (the trainer's prefix records against the
     evaluator's per-batch advance; in units of one coarse step), also on UCI's own times.
+    "-latest-transition-counts": the transition records (raw, decayed, second order) and
+    the latest transition count, the trainer's prefix index against the replay's walk.
     """
     model = load_checkpoint(trained[0]).model
     if fresh:
