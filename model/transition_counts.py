@@ -205,9 +205,10 @@ def latest_transition_counts(
     and the same for the destination. ``counts``: the records before these events (None:
     all empty); PAD previous: 0.
 
-    ``ModelConfig.latest_transition_count`` (an experiment, not served yet): on MOOC a
-    probe found it worth 0.65 AP over the second-order counts (it normalises them: how
-    often anyone took this path), docs/results/mooc-experiments.md, ninth round. It is the
+    ``ModelConfig.latest_transition_count`` (an experiment, not served yet): it normalises
+    the second-order counts (how often anyone took this path), which on MOOC a probe
+    found worth 0.5 AP and gave the model +0.43 over 3 seeds
+    (docs/results/mooc-experiments.md, ninth round). It is the
     one value here that a writer takes from its counterpart's record, so every writer
     must see the counterpart's record as of the event; the trainer and the replay do,
     the service's writers (which may advance one endpoint without the other) do not
@@ -250,8 +251,8 @@ def transition_features(
     ``decay``, the same from the decayed counts at the query times ``tau``, each record
     read from its node's newest entry time (``newest_u``, ``newest_v``: the lists'
     newest column); with ``latest``, u's and v's latest transition counts
-    (``latest_transition_counts``). The torch and numpy scorers both call it with their own latest
-    neighbours."""
+    (``latest_transition_counts``). The torch and numpy scorers both call it with their
+    own latest neighbours."""
     bu, bv = bucket_of(latest_u, buckets), bucket_of(latest_v, buckets)
     cols = [
         records_v.at(bu),
