@@ -43,7 +43,8 @@ lint: $(STAMP)
 ## Train and evaluate on the five datasets and rewrite docs/RESULTS.md (long: hours on 2 cores);
 ## then node classification on the labelled ones (Wikipedia, MOOC), its own section.
 ## One stream at a time: make results RESULTS_ARGS="--datasets uci". Each stream's summary is
-## kept in docs/results/summaries/ (committed), and the document shows every stream run so far.
+## kept in docs/results/summaries/ (committed), and the document shows every stream run so far;
+## --reuse starts from it where runs/ is gone (more seeds: "--datasets uci --seeds 0,1,2 --reuse").
 results: $(STAMP)
 	$(BIN)/python -m training.results --data $(DATA) --out runs/results --doc docs/RESULTS.md $(RESULTS_ARGS)
 
