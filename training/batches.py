@@ -28,6 +28,7 @@ from model.streaming import NeighbourLists
 from model.transition_counts import PAD as NO_PREVIOUS
 from model.transition_counts import (
     bucket_of,
+    counterpart_previous,
     decay_factor,
     latest_transition_counts,
     pair_keys,
@@ -194,16 +195,10 @@ class NodeEventIndex:
             dst_e = dst_e[np.argsort(self.event[dst_e], kind="stable")]
             src, dst = node_of[src_e], node_of[dst_e]
             src_key, dst_key = self.other_key[dst_e], self.other_key[src_e]
-            latest: dict[int, int] = {}
-            prev_src, prev_dst = [], []
-            for u, v, ku, kv in zip(
-                src.tolist(), dst.tolist(), src_key.tolist(), dst_key.tolist(), strict=True
-            ):
-                prev_src.append(latest.get(u, NO_PREVIOUS))
-                prev_dst.append(latest.get(v, NO_PREVIOUS))
-                latest[u], latest[v] = kv, ku  # (a self-loop: the node itself)
+            # each endpoint's own previous neighbour: what the other endpoint's record counts
+            for_src, for_dst = counterpart_previous(src_key.tolist(), dst_key.tolist(), {})
             met_src, met_dst = latest_transition_counts(
-                None, src.tolist(), dst.tolist(), prev_src, prev_dst, buckets
+                None, src.tolist(), dst.tolist(), for_dst, for_src, buckets
             )
             out = np.zeros(len(self.event))
             out[src_e], out[dst_e] = met_src, met_dst
