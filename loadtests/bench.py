@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ from service.gc_tuning import freeze_startup_objects
 from service.malloc_tuning import keep_freed_memory
 from service.settings import DEFAULT_CHECKPOINT
 from training.data import read_edge_stream
+from training.machine import cpu_name
 
 GOALS = """## Goals from the issues, for comparison
 
@@ -597,6 +599,7 @@ def bench_all(
     cluster_section = extract_cluster_section(doc.read_text()) if doc.exists() else None
     ingest_costs_section = extract_marked(doc.read_text(), INGEST_COSTS) if doc.exists() else None
     load_before = os.getloadavg()
+    started = datetime.now(UTC)
     proc, redis_url, workdir = _start_redis()
     sections: list[str] = []
     try:
@@ -606,6 +609,12 @@ def bench_all(
         live_rows = bench_live_eval(checkpoint, data, redis_url, out)
         sections += [
             "## Cost of the live evaluation (`dygserve bench live-eval`)",
+            "",
+            "Each HTTP run is a fresh service on an empty local Redis, the two sampling rates",
+            "alternating; the service runs with the default `DYGSERVE_LIVE_EVAL_CPU_BUDGET`.",
+            "The two CPU rows run the engine in process and count thread CPU time: what the",
+            "evaluation costs when it scores every sampled event (no budget), and what the",
+            "default budget holds it to (events it had no time for are counted as `cpu_budget`).",
             "",
             "| figure | value |",
             "| --- | --- |",
@@ -656,6 +665,8 @@ def bench_all(
             "runs, with the range beside them. The scoring backend decides what runs the read-out and",
             "head; state updates use torch's rank-major kernel with either (docs/ONNX.md).",
             "Figures are measurements, not guarantees; tests never assert them.",
+            f"Run on {started:%Y-%m-%d}, {started:%H:%M}-{datetime.now(UTC):%H:%M} UTC, on {cpu_name()}"
+            f" ({os.cpu_count()} cores), Python {platform.python_version()}, torch {torch.__version__}.",
             f"Load average (1/5/15 min) before the run: {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f};"
             f" after: {os.getloadavg()[0]:.2f} / {os.getloadavg()[1]:.2f} / {os.getloadavg()[2]:.2f}"
             " (anything above 0 is other work sharing the 2 cores).",

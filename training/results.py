@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -66,6 +64,7 @@ from . import node_results
 from .baselines import recompute, run_baselines
 from .evaluate import evaluate_model, load_data, trained_visibility
 from .jsonable import jsonable
+from .machine import describe_machine
 from .negatives import STRATEGIES
 from .train import DEFAULT_MAX_EPOCHS, train
 
@@ -292,21 +291,6 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-def _machine() -> dict[str, Any]:
-    """What a row ran on, for the document's header."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        names = [
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": f"torch {torch.__version__}"}
-
-
 def _log(msg: str) -> None:
     print(f"[{datetime.now().strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -334,7 +318,7 @@ def run_dataset(
     )
     if from_kept:
         _log(f"{name}: reusing the kept summary {kept_path} (its rows' checkpoints are gone)")
-    summary.update({"dataset": name, "budget": budget, "machine": _machine()})
+    summary.update({"dataset": name, "budget": budget, "machine": describe_machine()})
 
     def save() -> None:
         text = json.dumps(jsonable(summary), indent=2, sort_keys=True) + "\n"
