@@ -544,12 +544,15 @@ def train(
             "eval_time_s": eval_time,
         }
         history.append(row)
-        if progress:
-            print(
-                f"epoch {epoch}: loss {row['train_loss']:.4f} train AP {row['train_ap']:.4f} "
-                f"val AP {val['ap']:.4f} AUC {val['auc']:.4f} ({train_time:.1f}s train, {eval_time:.1f}s eval)",
-                flush=True,
-            )
+        # One line per epoch even without the bar: a log (make results, a scheduler's
+        # job) then shows how far a run of tens of minutes is and where it stands.
+        selected = f", selection score {score:.4f}" if len(selection) > 1 else ""
+        print(
+            f"epoch {epoch}: loss {row['train_loss']:.4f} train AP {row['train_ap']:.4f} "
+            f"val AP {val['ap']:.4f} AUC {val['auc']:.4f}{selected} "
+            f"({train_time:.1f}s train, {eval_time:.1f}s eval)",
+            flush=True,
+        )
         if score > best["score"] or best["epoch"] < 0:
             best = {"score": score, "epoch": epoch}
             bad_epochs = 0
@@ -591,10 +594,9 @@ def train(
             ckpt.model, data, split, ("test",), ("transductive",), ("random",), 0, visibility
         )
         test = m["test"]["transductive"]["random"]
-        if progress:
-            print(
-                f"best epoch {best['epoch']}: val score {best['score']:.4f}, test AP {test['ap']:.4f} AUC {test['auc']:.4f}"
-            )
+        print(
+            f"best epoch {best['epoch']}: val score {best['score']:.4f}, test AP {test['ap']:.4f} AUC {test['auc']:.4f}"
+        )
     return save_checkpoint(out, ckpt.model, _metrics_doc(info, ckpt.config, history, best, test))
 
 
@@ -735,7 +737,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="ModelConfig override, e.g. d_model=32",
     )
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (one line per epoch stays)"
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     version = train(

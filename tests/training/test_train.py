@@ -384,13 +384,18 @@ def test_default_command_takes_settings_from_the_stream(data_dir, tmp_path, auto
         assert chosen["reasons"] == [] and ckpt.metrics["historical_negatives"] == 0.0
 
 
-def test_selection_on_the_mean_of_three_negative_kinds(uci_path, tmp_path) -> None:
+def test_selection_on_the_mean_of_three_negative_kinds(uci_path, tmp_path, capsys) -> None:
     """--select-on mean: every epoch records the historical and inductive validation AP
     beside the random one, the best epoch is the one with the highest mean of the three,
-    and its metrics say what it was chosen on."""
+    and its metrics say what it was chosen on. Without the progress bar, each epoch
+    still prints one line with the score it is selected on (what a log shows)."""
     train(uci_path, tmp_path, epochs=3, select_on="mean", **TINY_RUN)
     ckpt = load_checkpoint(tmp_path)
     history = ckpt.metrics["history"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch ")]
+    assert len(lines) == 3
+    for line, row in zip(lines, history, strict=True):
+        assert f"selection score {row['val_score']:.4f}" in line
     assert len(history) == 3 and ckpt.metrics["select_on"] == "mean"
     for row in history:
         kinds = [row["val_ap"], row["val_ap_historical"], row["val_ap_inductive"]]
