@@ -162,6 +162,18 @@ def test_a_cell_at_its_goal_is_bold_and_each_stream_says_how_far_the_others_are(
     assert "| UCI | 97.00 (1) / 97.35 TPNet |" in doc.read_text()
 
 
+def test_ours_is_bold_in_the_paper_table_only_where_it_beats_every_paper_mean(tmp_path) -> None:
+    """DyG-Mamba's table: Can. Parl. random 98.20 is the best paper mean of its row."""
+    doc = tmp_path / "RESULTS.md"
+    canparl = _summary("canparl", {"random": 0.9253, "historical": 0.9900, "inductive": 0.90})
+    render([canparl], doc, tmp_path)
+    rows = [line for line in doc.read_text().splitlines() if line.startswith("| Can. Parl. | ")]
+    rnd = next(line for line in rows if line.startswith("| Can. Parl. | rnd |"))
+    hist = next(line for line in rows if line.startswith("| Can. Parl. | hist |"))
+    assert "| 92.53 |" in rnd and "**92.53**" not in rnd
+    assert "| **99.00** |" in hist  # above DyG-Mamba's 97.39, the best of the row
+
+
 def test_rendering_keeps_the_node_classification_section_and_what_follows_it(tmp_path) -> None:
     from training.node_results import BEGIN, END
 
