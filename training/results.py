@@ -380,11 +380,14 @@ def run_dataset(
     if baselines and not (reuse and "baselines" in summary):
         _log(f"{name}: baselines")
         ckpt = load_checkpoint(out / "full")
+        visibility = trained_visibility(ckpt.metrics)  # the cached row's
         summary["baselines"] = run_baselines(
-            ckpt.model, data, split, ("test",), recompute_window=32, mrr_k=0
+            ckpt.model, data, split, ("test",), recompute_window=32, mrr_k=0, visibility=visibility
         )
         if ckpt.config.use_state:
-            summary["baselines"]["recompute_L8"] = recompute(ckpt.model, data, split, ("test",), 8)
+            summary["baselines"]["recompute_L8"] = recompute(
+                ckpt.model, data, split, ("test",), 8, visibility=visibility
+            )
         save()
     summary["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     save()

@@ -12,7 +12,7 @@ import torch
 from model.checkpoint import save_checkpoint
 from model.config import ModelConfig
 from model.link_model import DygMambaLinkModel
-from training.baselines import edgebank_logits, run_baselines
+from training.baselines import edgebank_logits, recompute_scorer, run_baselines
 from training.batches import IndexedStream
 from training.data import chronological_split, read_edge_stream
 from training.evaluate import evaluate_model, main
@@ -216,6 +216,20 @@ def test_baselines_on_same_queries(uci, model) -> None:
         out["recompute"]["test"]["transductive"]["random"]["n_positives"]
         == eb["random"]["n_positives"]
     )
+
+
+@pytest.mark.parametrize("visibility", ["exact", "batch"])
+def test_recompute_over_the_whole_history_equals_the_cached_states(uci, model, visibility) -> None:
+    """With a window longer than any node's history, re-scanning a query's endpoints
+    from the initial state must give the cached states' scores, in the visibility the
+    cached row is evaluated with: under batch visibility only the events the replay has
+    ingested, not every event before the query's time."""
+    data, split = uci
+    cached = build_queries(data, split, ("test",), ("transductive",), ("random",), 0)
+    rebuilt = build_queries(data, split, ("test",), ("transductive",), ("random",), 0)
+    replay(model, data, cached, visibility)
+    replay(model, data, rebuilt, visibility, scorer=recompute_scorer(model, data, len(data)))
+    np.testing.assert_allclose(rebuilt.logit, cached.logit, atol=1e-4, rtol=0)
 
 
 def test_merged_groups_give_the_same_scores(uci, model) -> None:
