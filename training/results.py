@@ -732,10 +732,11 @@ FINDINGS = """## What the numbers say
   node's recent activity and when a pair recurs.
 - **Cached state vs recompute.** Scoring from the cached state is what the service does;
   the recompute columns re-scan both endpoints' last L events from the initial state for
-  every query (the paper's way of serving). Recompute costs an O(L) scan per endpoint per
-  query, the cache one step per event; on snapshot streams, where thousands of events
-  share a timestamp and the learned decay cannot forget between them, older history still
-  matters and the cached state keeps it.
+  every query (the paper's way of serving), replayed with the same visibility as the
+  cached row (batch visibility on snapshot streams). Where the two are level, the state
+  forgets what lies beyond the last L events and the cache's gain is speed: recompute
+  costs an O(L) scan per endpoint per query, the cache one step per event. Where the
+  cached AP is higher, older history still carries signal and the cached state keeps it.
 - **EdgeBank on our queries** remembers every edge strictly before the query time rather
   than before the evaluation batch (the paper's column), so it is higher on random
   negatives and below 50 on historical / inductive ones, which by construction are all
