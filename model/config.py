@@ -116,6 +116,14 @@ class ModelConfig(BaseModel):
         " transition count at the bucket of the neighbour before that, as that record stood"
         " before the event), read for both endpoints (model/transition_counts.py)",
     )
+    latest_transition_at_query: bool = Field(
+        False,
+        description="EXPERIMENT, with latest_transition_count: read the latest transition"
+        " count at the query instead of keeping it from the event: the node's newest"
+        " neighbour l1's raw transition count at the bucket of the neighbour before it (l2),"
+        " from l1's record as it stands when the node is scored. Writers keep nothing new,"
+        " which is what would let the service serve it (a second read, for l1's record)",
+    )
     time_norm: TimeNormalisation = TimeNormalisation()
     delta_min: float = Field(
         DEFAULT_DELTA_MIN,
@@ -147,8 +155,12 @@ class ModelConfig(BaseModel):
             raise ValueError("transition_order2 is a second transition record: it needs the first")
         if self.latest_transition_count and not self.transition_buckets:
             raise ValueError("latest_transition_count reads transition records: it needs them")
-        if self.transition_order2 and self.neighbour_list_len < 2:
-            raise ValueError("transition_order2 reads a node's two latest neighbours: lists of 2+")
+        if self.latest_transition_at_query and not self.latest_transition_count:
+            raise ValueError("latest_transition_at_query says how to read latest_transition_count")
+        if (self.transition_order2 or self.latest_transition_at_query) and (
+            self.neighbour_list_len < 2
+        ):
+            raise ValueError("this config reads a node's two latest neighbours: lists of 2+")
         if self.identity_match_dim and not self.node_hash_buckets:
             raise ValueError(
                 "identity_match_dim needs node_hash_buckets > 0 (the match hashes node ids)"

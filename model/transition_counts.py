@@ -231,6 +231,23 @@ def latest_transition_counts(
     return met_src, met_dst
 
 
+def latest_transition_at_query(
+    newest_records: TransitionCounts, second_keys: np.ndarray, buckets: int, has: np.ndarray
+) -> np.ndarray:
+    """(N,) float32: each node's latest transition count read at the query
+    (``ModelConfig.latest_transition_at_query``): its newest neighbour l1's raw count at
+    the bucket of the neighbour before it (``second_keys``: l2's key, PAD where the node
+    has fewer than two), from l1's record as it stands (``newest_records``: row i is the
+    i-th node's l1); 0 where the node has no neighbour (``has`` False).
+
+    Against ``latest_transition_counts`` it also counts the node's own transition and
+    those made after it, and it needs no writer to take anything from a counterpart's
+    record: what a service can serve with one more read, for l1's record."""
+    second = bucket_of(np.asarray(second_keys, dtype=np.int64), buckets)[:, None]
+    value = newest_records.at(second)[:, 0]
+    return np.where(np.asarray(has, dtype=bool), value, 0.0).astype(np.float32)
+
+
 def transition_features(
     records_u: TransitionCounts,
     records_v: TransitionCounts,

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,7 @@ from model.transition_counts import (
     bucket_of,
     counterpart_previous,
     decay_factor,
+    latest_transition_at_query,
     latest_transition_counts,
     pair_keys,
 )
@@ -180,6 +182,34 @@ class NodeEventIndex:
             at = np.maximum(self.offsets[nodes] + m - 1, 0)
             counts = np.where(m > 0, per_entry[at] if len(per_entry) else 0.0, 0.0)
         return PrefixTransitions(self._transitions[(buckets, decay, 1)], nodes, m, second, counts)
+
+    def newest_two(self, nodes: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Among each node's first ``m`` entries: the node index of its newest entry's
+        other endpoint (-1: none) and the key of the one before (NO_PREVIOUS: none)."""
+        nodes, m = np.asarray(nodes, dtype=np.int64), np.asarray(m, dtype=np.int64)
+        if len(self.event) == 0:
+            return np.full(len(nodes), -1), np.full(len(nodes), NO_PREVIOUS)
+        start = self.offsets[nodes]
+        newest = np.where(m >= 1, self.other[np.maximum(start + m - 1, 0)], -1)
+        second = np.where(m >= 2, self.other_key[np.maximum(start + m - 2, 0)], NO_PREVIOUS)
+        return newest, second
+
+    def latest_at_query(
+        self,
+        nodes: np.ndarray,
+        m: np.ndarray,
+        seen: Callable[[np.ndarray], np.ndarray],
+        buckets: int,
+        decay: float = 0.0,
+    ) -> np.ndarray:
+        """``ModelConfig.latest_transition_at_query`` of nodes after their first ``m``
+        entries: their newest neighbour's record after ``seen(newest)`` of its own
+        entries (what the same query sees of it)."""
+        newest, second = self.newest_two(nodes, m)
+        has = newest >= 0
+        newest = np.maximum(newest, 0)
+        records = self.transitions(newest, seen(newest), buckets, decay)
+        return latest_transition_at_query(records, second, buckets, has)
 
     def latest_transition_counts(self, buckets: int) -> np.ndarray:
         """(M,) per entry: the node's latest transition count after it

@@ -33,6 +33,7 @@ from model.transition_counts import (
     counterpart_previous,
     counterpart_previous_two,
     empty_counts,
+    latest_transition_at_query,
     latest_transition_counts,
     pair_keys,
 )
@@ -76,8 +77,15 @@ class StreamReplay:
         self.transitions = (
             empty_counts(n, self.buckets, self.decay, self.order2) if self.buckets else None
         )
-        # each node's latest transition count (ModelConfig.latest_transition_count)
-        self.latest = np.zeros(n) if model.config.latest_transition_count else None
+        # each node's latest transition count (ModelConfig.latest_transition_count), where
+        # it is kept from the event; read at the query instead, from the newest
+        # neighbour's row (found by its key) with latest_transition_at_query
+        cfg = model.config
+        kept = cfg.latest_transition_count and not cfg.latest_transition_at_query
+        self.latest = np.zeros(n) if kept else None
+        self.at_query = cfg.latest_transition_at_query
+        self._key_order = np.argsort(data.keys)
+        self._sorted_keys = data.keys[self._key_order]
         self.applied = 0
 
     def per_node_events(self, events: np.ndarray) -> tuple[np.ndarray, list[list[NodeEvent]]]:
@@ -182,7 +190,23 @@ class StreamReplay:
             self.records[nodes] = advance_records(self.records[nodes], lists)
         self.applied += len(events)
 
+    def rows_of_keys(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Dense rows of node keys, and which keys are nodes of the stream (PAD is not)."""
+        at = np.minimum(np.searchsorted(self._sorted_keys, keys), len(self._sorted_keys) - 1)
+        rows = self._key_order[at]
+        return rows, self._sorted_keys[at] == keys
+
+    def latest_at_query(self, nodes: np.ndarray) -> np.ndarray:
+        """``latest_transition_at_query`` of ``nodes`` from the records held now."""
+        assert self.transitions is not None
+        newest, has = self.rows_of_keys(self.nbr_keys[nodes, -1])
+        records = DenseTransitions(self.transitions[newest], self.buckets, self.decay)
+        return latest_transition_at_query(records, self.nbr_keys[nodes, -2], self.buckets, has)
+
     def neighbour_lists(self, nodes: np.ndarray) -> NeighbourLists:
+        latest = self.latest_at_query(nodes) if self.at_query else None
+        if self.latest is not None:
+            latest = self.latest[nodes]
         return NeighbourLists(
             torch.from_numpy(self.nbr_keys[nodes]),
             torch.from_numpy(self.nbr_t[nodes]),
@@ -193,7 +217,7 @@ class StreamReplay:
                 self.transitions[nodes],
                 self.buckets,
                 self.decay,
-                None if self.latest is None else self.latest[nodes],
+                latest,
             ),
         )  # (a second-order record, where kept, is the second half of the same rows)
 
@@ -363,7 +387,15 @@ def replay(
     order = np.argsort(q_group, kind="stable")
     bounds = np.searchsorted(q_group[order], np.arange(len(cuts)))
     runs = (
-        _conflict_free_runs(data, queries, order, bounds, region, cuts)
+        _conflict_free_runs(
+            data,
+            queries,
+            order,
+            bounds,
+            region,
+            cuts,
+            reads_newest_neighbours=model.config.latest_transition_at_query,
+        )
         if merge
         else [(g, g + 1) for g in range(len(cuts) - 1)]
     )
@@ -392,6 +424,7 @@ def _conflict_free_runs(
     bounds: np.ndarray,
     region: np.ndarray,
     cuts: np.ndarray,
+    reads_newest_neighbours: bool = False,
 ) -> list[tuple[int, int]]:
     """Cut the groups into runs [g0, g1) in which no query of a group involves a node
     that an EARLIER group of the same run has events for.
@@ -400,26 +433,45 @@ def _conflict_free_runs(
     exactly "score group g, ingest group g" for each g in turn: a query reads only its
     two nodes' states and neighbour lists, and those are not touched by the run's
     earlier groups. (Per node, events are still applied in (t, seq) order.)
+    ``reads_newest_neighbours``: a query also reads its nodes' newest neighbours'
+    records (``ModelConfig.latest_transition_at_query``), which must not be touched
+    either.
     """
     touched_in = np.full(data.num_nodes, -1, dtype=np.int64)  # run id that last touched the node
+    newest = np.full(data.num_nodes, -1, dtype=np.int64)  # each node's newest neighbour
+    if reads_newest_neighbours:
+        _note_newest(newest, data, np.arange(region[0] if len(region) else 0))
     runs: list[tuple[int, int]] = []
     run_id, start = 0, 0
     n_groups = len(cuts) - 1
     for g in range(n_groups):
         qi = order[bounds[g] : bounds[g + 1]]
         if g > start and len(qi):
-            if (touched_in[queries.src[qi]] == run_id).any() or (
-                touched_in[queries.dst[qi]] == run_id
-            ).any():
+            read = [queries.src[qi], queries.dst[qi]]
+            if reads_newest_neighbours:
+                read += [n[n >= 0] for n in (newest[read[0]], newest[read[1]])]
+            if any((touched_in[nodes] == run_id).any() for nodes in read):
                 runs.append((start, g))
                 run_id += 1
                 start = g
         ev = region[cuts[g] : cuts[g + 1]]
         touched_in[data.src[ev]] = run_id
         touched_in[data.dst[ev]] = run_id
+        if reads_newest_neighbours:
+            _note_newest(newest, data, ev)
     if n_groups:
         runs.append((start, n_groups))
     return runs
+
+
+def _note_newest(newest: np.ndarray, data: IndexedStream, events: np.ndarray) -> None:
+    """After ``events`` (in stream order), each endpoint's newest neighbour, in place."""
+    if len(events) == 0:
+        return
+    nodes = np.stack([data.src[events], data.dst[events]], axis=1).ravel()[::-1]
+    other = np.stack([data.dst[events], data.src[events]], axis=1).ravel()[::-1]
+    last, at = np.unique(nodes, return_index=True)  # first in reverse: the newest
+    newest[last] = other[at]
 
 
 # ===================================================================== metrics

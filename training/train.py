@@ -55,7 +55,7 @@ from model.pair_features import pair_inputs
 from model.time_encoding import fit_time_normalisation
 
 from .auto_config import AutoSettings, StreamProfile, choose_settings
-from .batches import IndexedStream, NodeEventIndex
+from .batches import IndexedStream, NodeEventIndex, PrefixTransitions
 from .data import chronological_split, read_edge_stream
 from .evaluate import SELECTION_NEGATIVES, evaluate_model, validation_metrics
 from .jsonable import jsonable
@@ -157,6 +157,18 @@ class EpochRunner:
             return init, None
         return self.model.scan(init, ev, lengths, return_states=True, chunk=SCAN_CHUNK)
 
+    def _latest_at_query(self, nodes: np.ndarray, m: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """``latest_transition_at_query`` of query nodes after their first ``m`` events,
+        each newest neighbour read as the same query sees it (its own visible prefix)."""
+        idx, cfg = self.index, self.model.config
+
+        def seen(newest: np.ndarray) -> np.ndarray:
+            if self.visibility == "exact":
+                return idx.prefix_count(newest, t)
+            return self.done[newest]
+
+        return idx.latest_at_query(nodes, m, seen, cfg.transition_buckets, cfg.transition_decay)
+
     def batch_loss(
         self, b0: int, b1: int, rng: np.random.Generator
     ) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
@@ -244,8 +256,11 @@ class EpochRunner:
                 cfg.transition_buckets,
                 cfg.transition_decay,
                 cfg.transition_order2,
-                cfg.latest_transition_count,
+                cfg.latest_transition_count and not cfg.latest_transition_at_query,
             )
+            if cfg.latest_transition_at_query:
+                assert isinstance(lists.transitions, PrefixTransitions)
+                lists.transitions.latest_counts = self._latest_at_query(q_nodes, q_m, q_t)
             keys = torch.from_numpy(d.keys[q_nodes])
             m_t = torch.from_numpy(q_m)
             last = torch.from_numpy(idx.last_time(q_nodes, q_m))

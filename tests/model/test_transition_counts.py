@@ -267,3 +267,50 @@ def test_latest_transition_counts_of_the_replay_equal_the_prefix_index(data_dir)
         assert served is not None
         np.testing.assert_array_equal(prefix, served.latest())
     assert (prefix > 0).mean() > 0.5  # most nodes' latest transition had been made before
+
+
+def test_latest_transition_counts_read_at_the_query_equal_in_replay_and_prefix_index(data_dir):
+    """``ModelConfig.latest_transition_at_query``: the replay reads each node's newest
+    neighbour's record as it holds it, the trainer's prefix index that neighbour's record
+    after the events the same query sees; both give every node the same value, on Can.
+    Parl. (self-loops, ties), and it differs from the value kept from the event."""
+    from model.link_model import DygMambaLinkModel
+    from training.replay import StreamReplay
+
+    d = IndexedStream.build(read_edge_stream(data_dir / "canparl"))
+    cfg = ModelConfig(
+        d_model=8,
+        d_state=4,
+        neighbour_list_len=4,
+        transition_buckets=64,
+        latest_transition_count=True,
+        latest_transition_at_query=True,
+    )
+    replay = StreamReplay(DygMambaLinkModel(cfg), d)
+    events = np.arange(20_000)
+    index = NodeEventIndex.build(d, events)
+    nodes = np.arange(d.num_nodes)
+    lo = 0
+    for hi in (1, 500, 7_777, 7_778, 20_000):
+        replay.ingest(events[lo:hi], bulk=True)
+        lo = hi
+        if hi not in (7_777, 20_000):
+            continue
+
+        def before_hi(ns: np.ndarray, hi: int = hi) -> np.ndarray:
+            return index.prefix_count_before_event(ns, np.full(len(ns), hi))
+
+        prefix = index.latest_at_query(nodes, before_hi(nodes), before_hi, 64)
+        served = replay.neighbour_lists(nodes).transitions
+        assert served is not None
+        np.testing.assert_array_equal(prefix, served.latest())
+    at_event = index.transitions(nodes, before_hi(nodes), 64, latest=True).latest()
+    assert (prefix > 0).mean() > 0.5
+    # read now, it also counts the node's own transition and later ones: never fewer
+    seen = before_hi(nodes) >= 2
+    assert (prefix[seen] >= at_event[seen]).all() and (prefix[seen] > at_event[seen]).any()
+
+
+def test_latest_transition_at_query_needs_the_count_it_reads():
+    with pytest.raises(ValueError, match="latest_transition_at_query"):
+        ModelConfig(transition_buckets=16, latest_transition_at_query=True)

@@ -232,9 +232,20 @@ def test_recompute_over_the_whole_history_equals_the_cached_states(uci, model, v
     np.testing.assert_allclose(rebuilt.logit, cached.logit, atol=1e-4, rtol=0)
 
 
-def test_merged_groups_give_the_same_scores(uci, model) -> None:
-    """Batching conflict-free timestamp groups is exactly score-then-update per group."""
+@pytest.mark.parametrize("reads_newest_neighbours", [False, True], ids=["own", "newest"])
+def test_merged_groups_give_the_same_scores(uci, model, reads_newest_neighbours) -> None:
+    """Batching conflict-free timestamp groups is exactly score-then-update per group,
+    also for a model whose queries read their nodes' newest neighbours' records
+    (``latest_transition_at_query``: a third node's record, which the merge must not
+    have moved)."""
     data, split = uci
+    if reads_newest_neighbours:
+        torch.manual_seed(0)
+        model = DygMambaLinkModel(
+            model.config.with_updates(
+                transition_buckets=16, latest_transition_count=True, latest_transition_at_query=True
+            )
+        )
     q1 = build_queries(data, split, ("test",), ("transductive",), ("random",), 3)
     q2 = build_queries(data, split, ("test",), ("transductive",), ("random",), 3)
     replay(model, data, q1, merge=True)

@@ -151,6 +151,8 @@ TRANSITION_COUNTS = {
     "transition_order2": True,
     "latest_transition_count": True,
 }
+# the same count read at the query from the newest neighbour's record
+TRANSITION_COUNTS_AT_QUERY = {**TRANSITION_COUNTS, "latest_transition_at_query": True}
 
 
 @pytest.mark.parametrize(
@@ -166,6 +168,8 @@ TRANSITION_COUNTS = {
         (False, 0.0, False, "exact", ROLE_COUNTS),
         (False, 0.5, False, "exact", TRANSITION_COUNTS),
         (True, 0.0, False, "batch", TRANSITION_COUNTS),
+        (False, 0.5, False, "exact", TRANSITION_COUNTS_AT_QUERY),
+        (True, 0.0, False, "batch", TRANSITION_COUNTS_AT_QUERY),
     ],
     ids=[
         "uci-times",
@@ -178,6 +182,8 @@ TRANSITION_COUNTS = {
         "uci-times-role-counts",
         "uci-times-latest-transition-counts",
         "coarse-times-batch-latest-transition-counts",
+        "uci-times-latest-transition-counts-at-query",
+        "coarse-times-batch-latest-transition-counts-at-query",
     ],
 )
 def test_trainer_scores_equal_streaming_scores(
@@ -197,7 +203,8 @@ def test_trainer_scores_equal_streaming_scores(
     "-role-counts": and the role-count records (the trainer's prefix records against the
     evaluator's per-batch advance; in units of one coarse step), also on UCI's own times.
     "-latest-transition-counts": the transition records (raw, decayed, second order) and
-    the latest transition count, the trainer's prefix index against the replay's walk.
+    the latest transition count, the trainer's prefix index against the replay's walk;
+    "-at-query": that count read from the newest neighbour's record as the query sees it.
     """
     model = load_checkpoint(trained[0]).model
     if fresh:
