@@ -235,10 +235,15 @@ def test_latest_transition_counts_by_hand():
         ModelConfig(latest_transition_count=True)
 
 
-def test_latest_transition_counts_of_the_replay_equal_the_prefix_index(data_dir):
+@pytest.mark.parametrize("at_query", [False, True], ids=["from-the-event", "at-the-query"])
+def test_latest_transition_counts_of_the_replay_equal_the_prefix_index(data_dir, at_query):
     """``ModelConfig.latest_transition_count``: the evaluator's replay (batches of
     uneven sizes, each read before its own adds) and the trainer's prefix index give
-    every node the same value, on Can. Parl. (self-loops, many events at one time)."""
+    every node the same value, on Can. Parl. (self-loops, many events at one time).
+    ``latest_transition_at_query``: the replay reads each node's newest neighbour's
+    record as it holds it, the prefix index that neighbour's record after the events the
+    same query sees; the same again, and never less than the value kept from the event
+    (it also counts the node's own transition and the ones after it)."""
     from model.link_model import DygMambaLinkModel
     from training.replay import StreamReplay
 
@@ -250,6 +255,7 @@ def test_latest_transition_counts_of_the_replay_equal_the_prefix_index(data_dir)
         transition_buckets=64,
         transition_order2=True,
         latest_transition_count=True,
+        latest_transition_at_query=at_query,
     )
     replay = StreamReplay(DygMambaLinkModel(cfg), d)
     events = np.arange(20_000)
@@ -261,54 +267,19 @@ def test_latest_transition_counts_of_the_replay_equal_the_prefix_index(data_dir)
         lo = hi
         if hi not in (7_777, 20_000):
             continue
-        m = index.prefix_count_before_event(nodes, np.full(d.num_nodes, hi))
-        prefix = index.transitions(nodes, m, 64, order2=True, latest=True).latest()
+
+        def before(ns: np.ndarray, hi: int = hi) -> np.ndarray:
+            return index.prefix_count_before_event(ns, np.full(len(ns), hi))
+
+        at_event = index.transitions(nodes, before(nodes), 64, order2=True, latest=True).latest()
+        prefix = index.latest_at_query(nodes, before(nodes), before, 64) if at_query else at_event
         served = replay.neighbour_lists(nodes).transitions
         assert served is not None
         np.testing.assert_array_equal(prefix, served.latest())
     assert (prefix > 0).mean() > 0.5  # most nodes' latest transition had been made before
-
-
-def test_latest_transition_counts_read_at_the_query_equal_in_replay_and_prefix_index(data_dir):
-    """``ModelConfig.latest_transition_at_query``: the replay reads each node's newest
-    neighbour's record as it holds it, the trainer's prefix index that neighbour's record
-    after the events the same query sees; both give every node the same value, on Can.
-    Parl. (self-loops, ties), and it differs from the value kept from the event."""
-    from model.link_model import DygMambaLinkModel
-    from training.replay import StreamReplay
-
-    d = IndexedStream.build(read_edge_stream(data_dir / "canparl"))
-    cfg = ModelConfig(
-        d_model=8,
-        d_state=4,
-        neighbour_list_len=4,
-        transition_buckets=64,
-        latest_transition_count=True,
-        latest_transition_at_query=True,
-    )
-    replay = StreamReplay(DygMambaLinkModel(cfg), d)
-    events = np.arange(20_000)
-    index = NodeEventIndex.build(d, events)
-    nodes = np.arange(d.num_nodes)
-    lo = 0
-    for hi in (1, 500, 7_777, 7_778, 20_000):
-        replay.ingest(events[lo:hi], bulk=True)
-        lo = hi
-        if hi not in (7_777, 20_000):
-            continue
-
-        def before_hi(ns: np.ndarray, hi: int = hi) -> np.ndarray:
-            return index.prefix_count_before_event(ns, np.full(len(ns), hi))
-
-        prefix = index.latest_at_query(nodes, before_hi(nodes), before_hi, 64)
-        served = replay.neighbour_lists(nodes).transitions
-        assert served is not None
-        np.testing.assert_array_equal(prefix, served.latest())
-    at_event = index.transitions(nodes, before_hi(nodes), 64, latest=True).latest()
-    assert (prefix > 0).mean() > 0.5
-    # read now, it also counts the node's own transition and later ones: never fewer
-    seen = before_hi(nodes) >= 2
-    assert (prefix[seen] >= at_event[seen]).all() and (prefix[seen] > at_event[seen]).any()
+    if at_query:
+        two = before(nodes) >= 2
+        assert (prefix[two] >= at_event[two]).all() and (prefix[two] > at_event[two]).any()
 
 
 def test_latest_transition_at_query_needs_the_count_it_reads():
