@@ -84,8 +84,9 @@ class StreamReplay:
         kept = cfg.latest_transition_count and not cfg.latest_transition_at_query
         self.latest = np.zeros(n) if kept else None
         self.at_query = cfg.latest_transition_at_query
-        self._key_order = np.argsort(data.keys)
-        self._sorted_keys = data.keys[self._key_order]
+        if self.at_query:  # rows of the newest neighbours' keys
+            self._key_order = np.argsort(data.keys)
+            self._sorted_keys = data.keys[self._key_order]
         self.applied = 0
 
     def per_node_events(self, events: np.ndarray) -> tuple[np.ndarray, list[list[NodeEvent]]]:
@@ -204,9 +205,10 @@ class StreamReplay:
         return latest_transition_at_query(records, self.nbr_keys[nodes, -2], self.buckets, has)
 
     def neighbour_lists(self, nodes: np.ndarray) -> NeighbourLists:
-        latest = self.latest_at_query(nodes) if self.at_query else None
-        if self.latest is not None:
-            latest = self.latest[nodes]
+        if self.at_query:
+            latest = self.latest_at_query(nodes)
+        else:
+            latest = None if self.latest is None else self.latest[nodes]
         return NeighbourLists(
             torch.from_numpy(self.nbr_keys[nodes]),
             torch.from_numpy(self.nbr_t[nodes]),
