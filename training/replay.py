@@ -205,6 +205,7 @@ class StreamReplay:
         return latest_transition_at_query(records, self.nbr_keys[nodes, -2], self.buckets, has)
 
     def neighbour_lists(self, nodes: np.ndarray) -> NeighbourLists:
+        latest: np.ndarray | None
         if self.at_query:
             latest = self.latest_at_query(nodes)
         else:
