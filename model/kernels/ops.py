@@ -53,4 +53,34 @@ def load_mamba_ops() -> tuple[KernelOps | None, str]:
         from causal_conv1d import causal_conv1d_fn
     except Exception:  # optional: the conv then runs in torch
         causal_conv1d_fn = None
-    return KernelOps("mamba-ssm", selective_scan_fn, causal_conv1d_fn, selective_state_update), ""
+    step = _zeros_for_missing_d_and_dt_bias(selective_state_update)
+    return KernelOps("mamba-ssm", selective_scan_fn, causal_conv1d_fn, step), ""
+
+
+def _zeros_for_missing_d_and_dt_bias(selective_state_update: Any) -> Any:
+    """mamba-ssm 2.3.2's ``selective_state_update`` passes its strides to Triton as
+    ``*(D.stride(0), D.stride(1)) if D is not None else 0``, which raises
+    ``TypeError: Value after * must be an iterable`` whenever D or dt_bias is None (found
+    on an H100, 2026-11-27). Zeros of their shape add nothing to the step, so the model
+    calls it with those instead of None."""
+
+    @functools.wraps(selective_state_update)
+    def step(
+        state: Any,
+        x: Any,
+        dt: Any,
+        A: Any,
+        B: Any,
+        C: Any,
+        D: Any = None,
+        z: Any = None,
+        dt_bias: Any = None,
+        dt_softplus: bool = False,
+    ) -> Any:
+        if D is None:
+            D = x.new_zeros(x.shape[-1])
+        if dt_bias is None:
+            dt_bias = dt.new_zeros(dt.shape[-1])
+        return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+
+    return step
