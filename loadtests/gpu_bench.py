@@ -31,7 +31,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,7 @@ class ColdRow:
     seconds: dict[str, float | None]  # per path; None = not run here
     scaled: dict[str, bool]  # the CPU figure measured on a subset and scaled
     floor_s: float | None  # the scan's bandwidth floor on the GPU
+    failed: dict[str, str] = field(default_factory=dict)  # per path: the error it raised
 
 
 def bench_cold(
@@ -200,6 +201,7 @@ def bench_cold(
         for n in nodes:
             secs: dict[str, float | None] = dict.fromkeys(PATHS)
             scaled = dict.fromkeys(PATHS, False)
+            failed: dict[str, str] = {}
             sub = max(1, min(n, cpu_max_events // length))
             ev_cpu = synthetic_events(sub, length, model.config.edge_feature_dim, gaps)
             time_cold_rebuild(model, _rows(ev_cpu, 0, 1), "torch-cpu", torch.device("cpu"), 1)
@@ -215,11 +217,18 @@ def bench_cold(
                 for path in ("torch-cuda", "mamba-ssm"):
                     if path == "mamba-ssm" and not has_kernels:
                         continue
-                    time_cold_rebuild(gpu_model, _rows(ev, 0, 2), path, cuda, max_padded_events)
-                    secs[path] = time_cold_rebuild(gpu_model, ev, path, cuda, max_padded_events)
+                    # One path failing (out of memory, a kernel error) leaves the others'
+                    # figures and says why in the table rather than losing the report.
+                    try:
+                        time_cold_rebuild(gpu_model, _rows(ev, 0, 2), path, cuda, max_padded_events)
+                        secs[path] = time_cold_rebuild(gpu_model, ev, path, cuda, max_padded_events)
+                    except Exception as exc:
+                        failed[path] = f"{type(exc).__name__}: {exc}"[:200]
+                        torch.cuda.empty_cache()
+                del ev
             floor = scan_floor_bytes(model, n, length) / gpu_bandwidth if gpu_bandwidth else None
-            row = ColdRow(n, length, secs, scaled, floor)
-            log(f"cold rebuild {n} x {length}: {secs}")
+            row = ColdRow(n, length, secs, scaled, floor, failed)
+            log(f"cold rebuild {n} x {length}: {secs} {failed or ''}")
             out.append(row)
     return out
 
@@ -355,17 +364,26 @@ def bench_scoring(
         rows.append(ScoringRow("onnxruntime", f"not run: {type(exc).__name__}", pairs, None, floor))
     if torch.cuda.is_available():
         cuda = torch.device("cuda")
-        m = copy.deepcopy(checkpoint.model).to(cuda)
-        s, t, p, i = states.to(cuda), tau.to(cuda), pair.to(cuda), ids.to(cuda)
-        with torch.no_grad():
-            r = rate(lambda: m.score_states(s, s, t, p, i), cuda)
-        rows.append(ScoringRow("torch", "cuda", pairs, r, floor))
+        try:
+            m = copy.deepcopy(checkpoint.model).to(cuda)
+            s, t, p, i = states.to(cuda), tau.to(cuda), pair.to(cuda), ids.to(cuda)
+            with torch.no_grad():
+                r = rate(lambda: m.score_states(s, s, t, p, i), cuda)
+            rows.append(ScoringRow("torch", "cuda", pairs, r, floor))
+        except Exception as exc:
+            rows.append(
+                ScoringRow("torch", f"cuda, failed: {type(exc).__name__}", pairs, None, floor)
+            )
     return rows
 
 
 # ===================================================================== report
 def _fmt_s(x: float | None) -> str:
     return "not run" if x is None else f"{x:.3g} s"
+
+
+def _cell(row: ColdRow, path: str) -> str:
+    return "failed" if path in row.failed else _fmt_s(row.seconds[path])
 
 
 def render(
@@ -375,6 +393,7 @@ def render(
     gpu_bw: float | None,
     cpu_bw: float,
     command: str,
+    backfill_error: str = "",
 ) -> str:
     lines = [
         SECTION_START,
@@ -383,6 +402,9 @@ def render(
         f"Written by `{command}` on {platform.node()} ({_gpu_name()}; {os.cpu_count()} CPU cores;"
         f" torch {torch.__version__}). Copy bandwidth measured here: GPU"
         f" {'n/a' if gpu_bw is None else f'{gpu_bw / 1e9:,.0f} GB/s'}, CPU {cpu_bw / 1e9:,.1f} GB/s.",
+        "",
+        "What each GPU run found, and how to run the checks again on a bare GPU machine:"
+        " [GPU.md](GPU.md).",
         "",
         "### Cold rebuild from the zero state (bundled checkpoint's shapes, delta_min 1e-4)",
         "",
@@ -399,16 +421,20 @@ def render(
         speed = f"{cpu / kern:,.0f}x" if cpu and kern else "-"
         kern_rate = f"{r.nodes * r.length / kern:,.0f}" if kern else "-"
         cpu_txt = _fmt_s(cpu) + (" (scaled)" if r.scaled["torch-cpu"] else "")
+
         lines.append(
-            f"| {r.nodes:,} | {r.length:,} | {cpu_txt} | {_fmt_s(r.seconds['torch-cuda'])} |"
-            f" {_fmt_s(kern)} | {kern_rate} | {speed} | {_fmt_s(r.floor_s)} |"
+            f"| {r.nodes:,} | {r.length:,} | {cpu_txt} | {_cell(r, 'torch-cuda')} |"
+            f" {_cell(r, 'mamba-ssm')} | {kern_rate} | {speed} | {_fmt_s(r.floor_s)} |"
         )
+    for r in cold:
+        for path, why in r.failed.items():
+            lines.append(f"\n{path} failed at {r.nodes:,} x {r.length:,}: {why}")
     why_not = load_mamba_ops()[1]
     if why_not:
         lines += ["", f"mamba-ssm kernels not run: {why_not}"]
     lines += ["", "### Backfill", ""]
     if backfill is None:
-        lines.append("not run")
+        lines.append(backfill_error or "not run")
     else:
         b = backfill
         lines += [
@@ -476,15 +502,19 @@ def main(argv: list[str] | None = None) -> int:
         a.max_padded_events,
         gpu_bw,
     )
-    backfill = None
+    backfill, backfill_error = None, ""
     if a.backfill:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        backfill = bench_backfill(
-            checkpoint, a.data, a.backfill, device, a.backfill_limit, gpu_bw or cpu_bw
-        )
+        try:
+            backfill = bench_backfill(
+                checkpoint, a.data, a.backfill, device, a.backfill_limit, gpu_bw or cpu_bw
+            )
+        except Exception as exc:  # keep the other sections' figures
+            backfill_error = f"failed: {type(exc).__name__}: {exc}"[:300]
+            print(f"backfill {backfill_error}", flush=True)
     scoring = bench_scoring(checkpoint, a.score_pairs, a.score_repeats, gpu_bw)
     command = "dygserve bench gpu " + " ".join(argv if argv is not None else [])
-    section = render(cold, backfill, scoring, gpu_bw, cpu_bw, command.strip())
+    section = render(cold, backfill, scoring, gpu_bw, cpu_bw, command.strip(), backfill_error)
     print(section)
     if a.doc is not None:
         text = a.doc.read_text() if a.doc.exists() else "# Benchmarks\n"
