@@ -421,7 +421,6 @@ def render(
         speed = f"{cpu / kern:,.0f}x" if cpu and kern else "-"
         kern_rate = f"{r.nodes * r.length / kern:,.0f}" if kern else "-"
         cpu_txt = _fmt_s(cpu) + (" (scaled)" if r.scaled["torch-cpu"] else "")
-
         lines.append(
             f"| {r.nodes:,} | {r.length:,} | {cpu_txt} | {_cell(r, 'torch-cuda')} |"
             f" {_cell(r, 'mamba-ssm')} | {kern_rate} | {speed} | {_fmt_s(r.floor_s)} |"

@@ -8,10 +8,13 @@ import torch
 
 from loadtests.bench import main as bench_main
 from loadtests.gpu_bench import (
+    PATHS,
     SECTION_END,
     SECTION_START,
+    ColdRow,
     _rank_major,
     extract_section,
+    render,
     replace_section,
     synthetic_events,
 )
@@ -63,3 +66,12 @@ def test_bench_gpu_writes_its_section_only(tmp_path, data_dir):
     assert "| 8 | 4 |" in section and "| uci | 600 |" in section
     if not torch.cuda.is_available():
         assert "no CUDA device" in section and "not run (no CUDA provider)" in section
+
+
+def test_a_failed_path_is_reported_with_its_reason_beside_the_others_figures():
+    secs = {"torch-cpu": 2.0, "torch-cuda": 0.5, "mamba-ssm": None}
+    row = ColdRow(100, 16, secs, dict.fromkeys(PATHS, False), None, {"mamba-ssm": "OOM: 9 GiB"})
+    text = render([row], None, [], None, 1e9, "bench gpu", "failed: KeyError: 'x'")
+    assert "| 100 | 16 | 2 s | 0.5 s | failed |" in text
+    assert "mamba-ssm failed at 100 x 16: OOM: 9 GiB" in text
+    assert "failed: KeyError: 'x'" in text  # the backfill's failure, in its section
