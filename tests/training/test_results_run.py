@@ -26,10 +26,11 @@ def test_results_rows_replay_with_the_visibility_each_seed_was_trained_with(
         f.write("\n".join([header, *rows[::12]]) + "\n")
     out, doc = tmp_path / "runs", tmp_path / "RESULTS.md"
 
-    def run(*extra: str) -> int:
+    def run(*extra: str, baselines: bool = False) -> int:
         return main(
             ["--data", str(root), "--out", str(out), "--doc", str(doc), "--datasets", "snap"]
-            + ["--epochs", "1", "--no-ablation", "--no-baselines", "--mrr-k", "0", *extra]
+            + ["--epochs", "1", "--no-ablation", "--mrr-k", "0", *extra]
+            + ([] if baselines else ["--no-baselines"])
         )
 
     assert run("--seeds", "0,1") == 0
@@ -73,3 +74,9 @@ def test_results_rows_replay_with_the_visibility_each_seed_was_trained_with(
         json.loads(kept.read_text())["variants"]["full"]["seeds"]
         == again["variants"]["full"]["seeds"]
     )
+    # The baselines read seed 0's checkpoint, gone with runs/: they are skipped, and the
+    # document is still rendered (it used to stop with CheckpointError before the render).
+    doc.unlink()
+    assert run("--seeds", "0,1,2", "--reuse", baselines=True) == 0
+    assert "baselines" not in json.loads(kept.read_text())
+    assert "| snap | rnd |" in doc.read_text()
