@@ -15,6 +15,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from .reference import causal_conv1d_ref, selective_scan_ref, selective_state_update_ref
 
 # causal_conv1d_fn's kernel is compiled for these widths only.
@@ -78,9 +80,16 @@ def _zeros_for_missing_d_and_dt_bias(selective_state_update: Any) -> Any:
         dt_softplus: bool = False,
     ) -> Any:
         if D is None:
-            D = x.new_zeros(x.shape[-1])
+            D = _zeros(x.shape[-1], x.device, x.dtype)
         if dt_bias is None:
-            dt_bias = dt.new_zeros(dt.shape[-1])
+            dt_bias = _zeros(dt.shape[-1], dt.device, dt.dtype)
         return selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
 
     return step
+
+
+@functools.lru_cache(maxsize=16)
+def _zeros(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """One zero vector per shape and device, shared: the step is called once per event
+    rank of every ingest, and the kernel only reads D and dt_bias."""
+    return torch.zeros(n, device=device, dtype=dtype)
