@@ -318,7 +318,11 @@ def run_dataset(
     )
     if from_kept:
         _log(f"{name}: reusing the kept summary {kept_path} (its rows' checkpoints are gone)")
-    summary.update({"dataset": name, "budget": budget, "machine": describe_machine()})
+    summary.update({"dataset": name, "budget": budget})
+    if not (reuse and "full" in summary.get("variants", {})):
+        # The stream's machine is the full model's: rows added later to a kept summary
+        # (ablations, on another day's VM) record their own in their row.
+        summary["machine"] = describe_machine()
 
     def save() -> None:
         text = json.dumps(jsonable(summary), indent=2, sort_keys=True) + "\n"
@@ -371,6 +375,7 @@ def run_dataset(
                 "train": ckpt.metrics,
                 "eval": metrics,
                 "train_wall_s": train_wall,
+                "machine": describe_machine(),
             }
             save()
     if "full" in wanted:
@@ -483,6 +488,13 @@ def _best_paper_mean(row: dict[str, str]) -> float:
     """The highest mean among a row's published cells ("97.36±0.45"; -inf where none)."""
     means = [float(v.split("±")[0]) for v in row.values() if v and v[0].isdigit()]
     return max(means, default=float("-inf"))
+
+
+def _cpu_of(row: dict[str, Any], summary: dict[str, Any]) -> str:
+    """The CPU a row ran on: its own record, else the stream's (rows from before rows
+    kept their own ran with the stream's full model)."""
+    machine = row.get("machine") or summary.get("machine") or {}
+    return str(machine.get("cpu") or "–")
 
 
 def _secs(x: Any) -> str:
@@ -668,8 +680,13 @@ def render(
         w("| " + " | ".join(cells) + " |")
     w("")
     w("## Ablation (same budget; test, transductive AP)\n")
-    w("| dataset | variant | rnd | hist | ind | epochs | s / epoch |")
-    w("|---|---|---|---|---|---|---|")
+    w(
+        "Each row is one training of the first seed with the full model's settings less what the "
+        "row names, evaluated as the full model is; s / epoch is on the CPU named in the row "
+        "(rows added on another day may have run on another VM).\n"
+    )
+    w("| dataset | variant | rnd | hist | ind | epochs | s / epoch | CPU |")
+    w("|---|---|---|---|---|---|---|---|")
     labels = {name: spec.label for name, spec in VARIANTS.items()}
     for s in summaries:
         for variant in labels:
@@ -686,7 +703,7 @@ def render(
             w(
                 f"| {NAMES.get(s['dataset'], s['dataset'])} | {label} | {_pct(_get(r, 'random', 'ap'))} | "
                 f"{_pct(_get(r, 'historical', 'ap'))} | {_pct(_get(r, 'inductive', 'ap'))} | {len(tr.get('history', []))} | "
-                f"{_secs(ept)} |"
+                f"{_secs(ept)} | {_cpu_of(v, s)} |"
             )
     w("")
     w("## Training and evaluation cost on this CPU\n")

@@ -10,6 +10,7 @@ import shutil
 
 import numpy as np
 
+from training.machine import cpu_name
 from training.results import main
 
 
@@ -80,3 +81,29 @@ def test_results_rows_replay_with_the_visibility_each_seed_was_trained_with(
     assert run("--seeds", "0,1,2", "--reuse", baselines=True) == 0
     assert "baselines" not in json.loads(kept.read_text())
     assert "| snap | rnd |" in doc.read_text()
+
+    # An ablation row added to the kept summary on another day's VM: the stream keeps the
+    # full model's machine, the row records its own, and the table names both CPUs.
+    shutil.rmtree(out)
+    kept_summary = json.loads(kept.read_text())
+    kept_summary["machine"] = {"cpu": "Yesterday's CPU", "cores": 2, "torch": "torch x"}
+    del kept_summary["variants"]["full"]["machine"]  # as rows written before rows kept theirs
+    kept.write_text(json.dumps(kept_summary))
+    assert (
+        main(
+            ["--data", str(root), "--out", str(out), "--doc", str(doc), "--datasets", "snap"]
+            + ["--epochs", "1", "--variants", "linear_time", "--mrr-k", "0", "--reuse"]
+            + ["--no-baselines"]
+        )
+        == 0
+    )
+    after = json.loads(kept.read_text())
+    assert after["machine"]["cpu"] == "Yesterday's CPU"
+    assert after["variants"]["linear_time"]["machine"]["cpu"] == cpu_name()
+    table = doc.read_text().split("## Ablation")[1].split("\n## ")[0]
+    ablation = {
+        line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| snap |")
+    }
+    assert ablation["state + pair features (default)"].endswith("| Yesterday's CPU |")
+    assert ablation["linear time encoder only (time_encoder=linear)"].endswith(f"| {cpu_name()} |")
+    assert "Yesterday's CPU" in doc.read_text().split("## Against")[0]
