@@ -6,7 +6,10 @@ alone with ``--node-classification`` (only this section is rewritten; the rest o
 document is left as it is). Per dataset: ``OUT/<name>/node_classification/`` holds the
 checkpoint (``checkpoint/``), the evaluation (``eval/metrics.json``) and
 ``summary.json``; the section is rendered from whatever summaries exist, between the
-markers below (appended at the end of the document when they are missing).
+markers below (appended at the end of the document when they are missing). A copy of
+each summary is kept beside the document (``docs/results/summaries/node_classification/
+<name>.json``, beside the link rows' own), so that a later session, ``runs/`` gone,
+renders the streams it did not rerun instead of dropping them from the table.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ def run_node_classification(
     base: Path,
     seeds: tuple[int, ...] = (0,),
     reuse: bool = False,
+    kept: Path | None = None,
 ) -> dict[str, Any]:
     """Train one head per seed on ``base`` (a link checkpoint), evaluate, summarise.
 
@@ -140,8 +144,17 @@ def run_node_classification(
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     out.mkdir(parents=True, exist_ok=True)
-    summary_path.write_text(json.dumps(jsonable(summary), indent=2, sort_keys=True) + "\n")
+    text = json.dumps(jsonable(summary), indent=2, sort_keys=True) + "\n"
+    summary_path.write_text(text)
+    if kept is not None:  # the copy that outlives runs/
+        kept_summary_path(kept, name).parent.mkdir(parents=True, exist_ok=True)
+        kept_summary_path(kept, name).write_text(text)
     return summary
+
+
+def kept_summary_path(kept: Path, name: str) -> Path:
+    # (a folder of its own: the link results read every *.json directly under ``kept``)
+    return kept / "node_classification" / f"{name}.json"
 
 
 def _mean_std(values: list[float]) -> str:
@@ -275,14 +288,20 @@ def render_section(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(L) + "\n"
 
 
-def update_doc(doc: Path, out_root: Path, names: tuple[str, ...] = LABELLED) -> bool:
-    """Rewrite only the node-classification section of ``doc`` from the summaries under
-    ``out_root``; False (and nothing written) when there is none."""
-    summaries = [
-        json.loads(p.read_text())
-        for n in names
-        if (p := out_root / n / "node_classification" / "summary.json").exists()
-    ]
+def update_doc(
+    doc: Path, out_root: Path, names: tuple[str, ...] = LABELLED, kept: Path | None = None
+) -> bool:
+    """Rewrite only the node-classification section of ``doc`` from each stream's summary
+    under ``out_root``, or where there is none the copy under ``kept``; False (and nothing
+    written) when no stream has either."""
+    summaries = []
+    for name in names:
+        candidates = [out_root / name / "node_classification" / "summary.json"]
+        if kept is not None:
+            candidates.append(kept_summary_path(kept, name))
+        found = next((p for p in candidates if p.exists()), None)
+        if found is not None:
+            summaries.append(json.loads(found.read_text()))
     if not summaries:
         return False
     section = render_section(summaries)
@@ -318,12 +337,15 @@ def run_from_args(args: argparse.Namespace, names: list[str] | None = None) -> i
         names = [n for n in args.datasets.split(",") if n in LABELLED]
     bases = dict(item.split("=", 1) for item in args.nc_base)
     seeds = tuple(int(s) for s in args.nc_seeds.split(",") if s)
+    kept = (
+        Path(args.summaries) if args.summaries else Path(args.doc).parent / "results" / "summaries"
+    )
     for name in names:
         base = Path(bases.get(name, out_root / name / "full"))
         if not (base / "config.json").exists():
             _log(f"{name}: no link checkpoint at {base}; skipped (train it, or pass --nc-base)")
             continue
-        run_node_classification(name, Path(args.data), out_root, base, seeds, args.reuse)
-    if update_doc(Path(args.doc), out_root):
+        run_node_classification(name, Path(args.data), out_root, base, seeds, args.reuse, kept)
+    if update_doc(Path(args.doc), out_root, kept=kept):
         print(f"wrote the node-classification section of {args.doc}")
     return 0

@@ -927,7 +927,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _render_all(out_root, kept, Path(args.doc))
     if not args.render_only:  # heads on the labelled streams' fresh link checkpoints
         node_results.run_from_args(args, [n for n in names if n in node_results.LABELLED])
-    node_results.update_doc(Path(args.doc), out_root)
+    node_results.update_doc(Path(args.doc), out_root, kept=kept)
     print(f"wrote {args.doc}")
     return 0
 

@@ -196,6 +196,9 @@ def test_render_only_uses_the_kept_summaries_where_this_run_has_none(tmp_path) -
         (kept / f"{name}.json").write_text(
             json.dumps(_summary(name, {"random": ap, "historical": ap, "inductive": ap}))
         )
+    # The node-classification copies beside them are not link rows.
+    (kept / "node_classification").mkdir()
+    (kept / "node_classification" / "wikipedia.json").write_text(json.dumps({"runs": []}))
     # This run's own summary of UCI wins over the kept one.
     (out / "uci").mkdir(parents=True)
     (out / "uci" / "summary.json").write_text(

@@ -244,3 +244,17 @@ def test_results_rewrites_only_its_section(tmp_path):
     text = doc.read_text()
     assert "fine-tuned through a head from `0123456789abcdef`" in text
     assert "--base runs/wikipedia-link --out runs/wiki-link --fine-tune" in text
+    # A later session, runs/ gone, reruns MOOC only: Wikipedia's row comes from the copy
+    # kept beside the document instead of leaving the table.
+    kept = tmp_path / "summaries"
+    (kept / "node_classification").mkdir(parents=True)
+    (kept / "node_classification" / "wikipedia.json").write_text(json.dumps(summary))
+    mooc = {**summary, "dataset": "mooc", "base": "runs/mooc-link"}
+    mooc_folder = tmp_path / "later" / "mooc" / "node_classification"
+    mooc_folder.mkdir(parents=True)
+    (mooc_folder / "summary.json").write_text(json.dumps(mooc))
+    assert update_doc(doc, tmp_path / "later", kept=kept)
+    rows = [line for line in doc.read_text().splitlines() if line.startswith("| ")]
+    assert any(r.startswith("| Wikipedia (banned editors) | **92.00") for r in rows)
+    assert any(r.startswith("| MOOC (drop-out) | **92.00") for r in rows)
+    assert not update_doc(doc, tmp_path / "later", names=("wikipedia",))
