@@ -198,7 +198,11 @@ def test_render_only_uses_the_kept_summaries_where_this_run_has_none(tmp_path) -
         )
     # The node-classification copies beside them are not link rows.
     (kept / "node_classification").mkdir()
-    (kept / "node_classification" / "wikipedia.json").write_text(json.dumps({"runs": []}))
+    run = {"seed": 0, "epochs_run": 3, "val": {"auc": 0.9, "ap": 0.1}}
+    run["test"] = {"auc": 0.9123, "ap": 0.02, "n_positives": 44, "n_events": 23621}
+    nc = {"dataset": "wikipedia", "base": "b", "link_model_version": "v", "runs": [run]}
+    nc["train_config"] = {"epochs": 200, "patience": 20}
+    (kept / "node_classification" / "wikipedia.json").write_text(json.dumps(nc))
     # This run's own summary of UCI wins over the kept one.
     (out / "uci").mkdir(parents=True)
     (out / "uci" / "summary.json").write_text(
@@ -209,3 +213,5 @@ def test_render_only_uses_the_kept_summaries_where_this_run_has_none(tmp_path) -
     assert "| UCI | 95.00 ± 0.10 (3) / 97.35 TPNet" in text
     assert "| US Legis. | 70.00 ± 0.10 (3) / 80.58 TPNet" in text
     assert "not run with today's trainer yet: Can. Parl., MOOC, Wikipedia." in text
+    # ... but they are the node-classification section's rows
+    assert "| Wikipedia (banned editors) | **91.23** |" in text
