@@ -39,6 +39,7 @@ import math
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ from .jsonable import jsonable
 from .metrics import average_precision, roc_auc
 from .negatives import TrainNegativeSampler
 from .node_task import asks_node_task
+from .weight_average import WeightAverage
 
 TRAIN_STATE_DIR = "train_state"
 # Train to convergence: the paper's 100-epoch ceiling, ended by early stopping on the
@@ -318,7 +320,11 @@ class EpochRunner:
 
 # ===================================================================== resumable state
 def _save_train_state(
-    out: Path, model: DygMambaLinkModel, opt: torch.optim.Optimizer, doc: dict[str, Any]
+    out: Path,
+    model: DygMambaLinkModel,
+    opt: torch.optim.Optimizer,
+    average: WeightAverage | None,
+    doc: dict[str, Any],
 ) -> None:
     st = out / TRAIN_STATE_DIR
     st.mkdir(parents=True, exist_ok=True)
@@ -334,6 +340,8 @@ def _save_train_state(
     save_file(
         {k: v.detach().contiguous() for k, v in tensors.items()}, str(st / "optimizer.safetensors")
     )
+    if average is not None:
+        save_file(average.state(), str(st / "average.safetensors"))
     doc = {**doc, "param_groups": osd["param_groups"]}
     tmp = st / "state.json.tmp"
     tmp.write_text(json.dumps(jsonable(doc), indent=2, sort_keys=True) + "\n")
@@ -341,7 +349,7 @@ def _save_train_state(
 
 
 def _load_train_state(
-    out: Path, model: DygMambaLinkModel, opt: torch.optim.Optimizer
+    out: Path, model: DygMambaLinkModel, opt: torch.optim.Optimizer, average: WeightAverage | None
 ) -> dict[str, Any] | None:
     st = out / TRAIN_STATE_DIR
     if not (st / "state.json").exists():
@@ -354,13 +362,18 @@ def _load_train_state(
         pid, _, name = key.partition(".")
         state.setdefault(int(pid), {})[name] = val
     opt.load_state_dict({"state": state, "param_groups": doc["param_groups"]})
+    if average is not None:
+        if not (st / "average.safetensors").exists():
+            raise ValueError("cannot resume: the saved training state has no weight average")
+        average.load(load_file(str(st / "average.safetensors")))
     return doc
 
 
 def _snapshot(
-    model: DygMambaLinkModel, opt: torch.optim.Optimizer
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    return copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    model: DygMambaLinkModel, opt: torch.optim.Optimizer, average: WeightAverage | None
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, torch.Tensor]]:
+    averaged = {k: v.clone() for k, v in average.state().items()} if average is not None else {}
+    return copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict()), averaged
 
 
 # ===================================================================== train
@@ -387,6 +400,7 @@ def train(
     select_on: str | None = None,
     plateau_lr_factor: float = 1.0,
     negatives_per_positive: int = 1,
+    weight_average_decay: float = 0.0,
 ) -> str:
     """Train on ``data_path``; save the best-validation checkpoint to ``out_dir``; return its version.
 
@@ -399,7 +413,9 @@ def train(
     multiplied by it, so the next epochs take smaller steps from the best weights
     instead of drifting on from worse ones. 1: the weights go on from the last epoch at
     a constant rate. ``negatives_per_positive``: training negatives per positive, each
-    from the same mix of random and historical ones."""
+    from the same mix of random and historical ones. ``weight_average_decay`` > 0:
+    validation and the checkpoint use an exponential moving average of the weights
+    over the training steps (``training/weight_average.py``); 0: the last step's."""
     if not 0.0 < plateau_lr_factor <= 1.0:
         raise ValueError("plateau_lr_factor must be in (0, 1]")
     if visibility not in (None, "exact", "batch"):
@@ -446,13 +462,14 @@ def train(
     )
     model = DygMambaLinkModel(cfg)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
+    average = WeightAverage(model, weight_average_decay) if weight_average_decay else None
 
     history: list[dict[str, Any]] = []
     # "score": the validation AP the epochs are compared on (``select_on``).
     best = {"score": -math.inf, "epoch": -1}
     start_epoch = 0
     if resume:
-        doc = _load_train_state(out, model, opt)
+        doc = _load_train_state(out, model, opt, average)
         if doc is not None:
             if doc.get("config") != jsonable(cfg.model_dump(mode="json")):
                 raise ValueError("cannot resume: the saved training state has another model config")
@@ -462,7 +479,7 @@ def train(
                 start_epoch = epochs
     # the best epoch's model and optimizer, to go back to (plateau_lr_factor); a resumed
     # run holds them already: its saved state is the best epoch's or was restored to it
-    best_state = _snapshot(model, opt) if plateau_lr_factor < 1.0 else None
+    best_state = _snapshot(model, opt, average) if plateau_lr_factor < 1.0 else None
     info = {
         "dataset": stream.name,
         "data": str(data_path),
@@ -483,6 +500,7 @@ def train(
         "select_on": chosen.select_on,
         "plateau_lr_factor": plateau_lr_factor,
         "negatives_per_positive": negatives_per_positive,
+        "weight_average_decay": weight_average_decay,
         "auto": chosen.as_json(profile),
         "max_events": max_events,
         "max_train_events": max_train_events,
@@ -523,6 +541,8 @@ def train(
             if grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             opt.step()
+            if average is not None:
+                average.update(model)
             losses.append(float(loss.detach()))
             all_logits.append(logits)
             all_labels.append(labels)
@@ -540,7 +560,8 @@ def train(
         train_time = time.perf_counter() - t0
         y, s = np.concatenate(all_labels), np.concatenate(all_logits)
         t1 = time.perf_counter()
-        by_kind = validation_metrics(model, data, split, visibility, selection)
+        with average.applied(model) if average is not None else nullcontext():
+            by_kind = validation_metrics(model, data, split, visibility, selection)
         val = by_kind["random"]
         score = float(np.mean([by_kind[kind]["ap"] for kind in selection]))
         eval_time = time.perf_counter() - t1
@@ -571,21 +592,25 @@ def train(
         if score > best["score"] or best["epoch"] < 0:
             best = {"score": score, "epoch": epoch}
             bad_epochs = 0
-            save_checkpoint(out, model, _metrics_doc(info, cfg, history, best, None))
+            with average.applied(model) if average is not None else nullcontext():
+                save_checkpoint(out, model, _metrics_doc(info, cfg, history, best, None))
             if best_state is not None:
-                best_state = _snapshot(model, opt)
+                best_state = _snapshot(model, opt, average)
         else:
             bad_epochs += 1
             if best_state is not None:
                 lr_now = opt.param_groups[0]["lr"]
                 model.load_state_dict(best_state[0])
                 opt.load_state_dict(best_state[1])
+                if average is not None:
+                    average.load(best_state[2])
                 for group in opt.param_groups:
                     group["lr"] = lr_now * plateau_lr_factor
         _save_train_state(
             out,
             model,
             opt,
+            average,
             {
                 "epoch": epoch,
                 "history": history,
@@ -743,6 +768,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="training negatives per positive, each drawn from the same mix of random and"
         " historical ones (the positives weighted to match)",
     )
+    ap.add_argument(
+        "--weight-average-decay",
+        type=float,
+        default=0.0,
+        help="validate and keep an exponential moving average of the weights over the"
+        " training steps with this decay (e.g. 0.995); 0: the last step's weights",
+    )
     ap.add_argument("--resume", action="store_true", help="continue from OUT/train_state")
     ap.add_argument(
         "--set",
@@ -778,6 +810,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         select_on=args.select_on,
         plateau_lr_factor=args.plateau_lr_factor,
         negatives_per_positive=args.negatives_per_positive,
+        weight_average_decay=args.weight_average_decay,
     )
     print(f"model version {version} -> {args.out}")
     return 0

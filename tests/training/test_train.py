@@ -271,7 +271,8 @@ def test_trainer_scores_equal_streaming_scores(
         assert (first_at_t < batch_start).any()
 
 
-def test_resume_continues_exactly(uci_path, tmp_path) -> None:
+@pytest.mark.parametrize("weight_average_decay", [0.0, 0.9])
+def test_resume_continues_exactly(uci_path, tmp_path, weight_average_decay) -> None:
     kw = dict(
         config={"d_model": 8, "d_state": 4, "d_time": 4, "head_hidden": 16},
         max_events=1200,
@@ -279,6 +280,7 @@ def test_resume_continues_exactly(uci_path, tmp_path) -> None:
         test_eval=False,
         window=4,
         patience=5,
+        weight_average_decay=weight_average_decay,
     )
     straight = tmp_path / "straight"
     train(uci_path, straight, epochs=2, **kw)
@@ -299,6 +301,30 @@ def test_resume_continues_exactly(uci_path, tmp_path) -> None:
     wb = load_file(str(split_run / TRAIN_STATE_DIR / "model.safetensors"))
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-6)
+    # and the checkpoints, which hold the average where there is one
+    ca, cb = (
+        load_checkpoint(straight).model.state_dict(),
+        load_checkpoint(split_run).model.state_dict(),
+    )
+    for k in ca:
+        torch.testing.assert_close(ca[k], cb[k], rtol=0, atol=1e-6)
+
+
+def test_the_checkpoint_keeps_the_weight_average(uci_path, tmp_path) -> None:
+    """With an average, validation and the checkpoint use it; the optimiser's own weights
+    (what a resume goes on from) are the last step's."""
+    from safetensors.torch import load_file
+
+    train(uci_path, tmp_path, epochs=1, weight_average_decay=0.9, **TINY_RUN)
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt.metrics["weight_average_decay"] == 0.9
+    own = load_file(str(tmp_path / TRAIN_STATE_DIR / "model.safetensors"))
+    averaged = load_file(str(tmp_path / TRAIN_STATE_DIR / "average.safetensors"))
+    params = [name for name, _ in ckpt.model.named_parameters()]
+    kept = ckpt.model.state_dict()
+    for i, name in enumerate(params):
+        torch.testing.assert_close(kept[name], averaged[str(i)], rtol=0, atol=0)
+    assert any(not torch.equal(kept[name], own[name]) for name in params)
 
 
 def test_an_epoch_that_is_no_better_is_undone_at_a_smaller_rate(uci_path, tmp_path) -> None:
