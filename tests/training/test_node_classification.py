@@ -230,6 +230,7 @@ def test_results_rewrites_only_its_section(tmp_path):
     text = doc.read_text()
     assert text.startswith("# Results\n\nlink tables\n") and BEGIN in text and END in text
     assert "**92.00 ± 1.00**" in text and "JODIE 88.99" in text
+    assert "test AUC per head 91.00, 93.00" in text
     # the hand-run example trains on the base the commands above make
     assert "--data ../shared/data/wikipedia --base runs/wiki-link --out runs/wiki-link-nc\n" in text
     doc.write_text(text.replace("link tables", "new link tables") + "\ntrailer\n")
@@ -257,4 +258,9 @@ def test_results_rewrites_only_its_section(tmp_path):
     rows = [line for line in doc.read_text().splitlines() if line.startswith("| ")]
     assert any(r.startswith("| Wikipedia (banned editors) | **92.00") for r in rows)
     assert any(r.startswith("| MOOC (drop-out) | **92.00") for r in rows)
+    # under its goal, a mean is not bold
+    low = {**mooc, "runs": [{**run, "test": {**run["test"], "auc": 0.805}} for run in mooc["runs"]]}
+    (mooc_folder / "summary.json").write_text(json.dumps(low))
+    assert update_doc(doc, tmp_path / "later", kept=kept)
+    assert "| MOOC (drop-out) | 80.50 ± 0.00 |" in doc.read_text()
     assert not update_doc(doc, tmp_path / "later", names=("wikipedia",))
