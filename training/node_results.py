@@ -152,6 +152,14 @@ def run_node_classification(
     return summary
 
 
+def kept_summaries_dir(args: argparse.Namespace) -> Path:
+    """Where the summaries that outlive ``runs/`` are kept: ``--summaries``, by default
+    ``results/summaries`` beside ``--doc``."""
+    return (
+        Path(args.summaries) if args.summaries else Path(args.doc).parent / "results" / "summaries"
+    )
+
+
 def kept_summary_path(kept: Path, name: str) -> Path:
     # (a folder of its own: the link results read every *.json directly under ``kept``)
     return kept / "node_classification" / f"{name}.json"
@@ -346,9 +354,7 @@ def run_from_args(args: argparse.Namespace, names: list[str] | None = None) -> i
         names = [n for n in args.datasets.split(",") if n in LABELLED]
     bases = dict(item.split("=", 1) for item in args.nc_base)
     seeds = tuple(int(s) for s in args.nc_seeds.split(",") if s)
-    kept = (
-        Path(args.summaries) if args.summaries else Path(args.doc).parent / "results" / "summaries"
-    )
+    kept = kept_summaries_dir(args)
     for name in names:
         base = Path(bases.get(name, out_root / name / "full"))
         if not (base / "config.json").exists():

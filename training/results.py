@@ -899,9 +899,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"unknown variant(s) {sorted(unknown)}")
     torch.set_num_threads(args.threads)
     out_root, names = Path(args.out), [d for d in args.datasets.split(",") if d]
-    kept = (
-        Path(args.summaries) if args.summaries else Path(args.doc).parent / "results" / "summaries"
-    )
+    kept = node_results.kept_summaries_dir(args)
     if not args.render_only:
         for name in names:
             budget = dict(BUDGETS.get(name, _DEFAULT_BUDGET))
