@@ -382,11 +382,12 @@ def run_dataset(
         _run_more_seeds(
             name, data_path, out, budget, dict(base), seeds, summary, reuse, data, split, save
         )
-    if baselines and not (reuse and "baselines" in summary) and not (out / "full").exists():
+    wants_baselines = baselines and not (reuse and "baselines" in summary)
+    if wants_baselines and not (out / "full").exists():
         # A stream resumed from its kept summary: seed 0's checkpoint, which the baselines
         # read, went with runs/. Skip them (the row says "–") rather than lose the render.
         _log(f"{name}: baselines skipped: seed 0's checkpoint {out / 'full'} is gone")
-    elif baselines and not (reuse and "baselines" in summary):
+    elif wants_baselines:
         _log(f"{name}: baselines")
         ckpt = load_checkpoint(out / "full")
         visibility = trained_visibility(ckpt.metrics)  # the cached row's
