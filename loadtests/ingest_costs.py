@@ -71,71 +71,105 @@ def _bodies(data: Path, n: int, dim: int) -> list[bytes]:
     ]
 
 
+MODES = {
+    "plain": "append, then read and advance",
+    "overlapped": "advance while Redis runs the append",
+}
+SEND = "log: send the append (arguments, send)"
+WAIT = "log: wait for the append's answer (and read it)"
+REQUEST = "request: JSON parse, validation, dump"
+REST = "the rest (events to and from the store's types, the applier's bookkeeping)"
+
+
+def _timed(spent: dict[str, float], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+
+    return wrapper
+
+
+def _stage_run(
+    rt: ModelRuntime, redis_url: str, bodies: list[bytes], overlap: bool, script_slice: int
+) -> dict[str, float]:
+    """One run of 20 batches (after one warm batch) in one mode: ms per 1,000 events."""
+    r = redis.Redis.from_url(redis_url)
+    r.flushall()
+    store = make_store(redis_url, script_slice=script_slice)
+    engine = Engine(rt, store, overlap_append=overlap)
+    engine.ingest(EventsRequest.model_validate_json(bodies[0]).model_dump()["events"])
+    spent: dict[str, float] = {}
+    names = {
+        "append_events": "log: append (arguments, script, answers)",
+        "read_states": "apply: read states (MGET; overlapped: before the append)",
+        "write_states": "apply: compare-and-set write",
+        "mark_applied": "apply: mark applied",
+        # (inside the advance; only models with transition counts call it)
+        "neighbours_before": LOOKUPS,
+    }
+    for method, label in names.items():
+        setattr(store, method, _timed(spent, label, getattr(store, method)))
+    begin = store.begin_append
+
+    def begin_timed(events: list[NewEvent]) -> Callable[[], Any]:
+        answer = _timed(spent, SEND, begin)(events)
+        return _timed(spent, WAIT, answer)
+
+    store.begin_append = begin_timed  # type: ignore[method-assign]
+    advance = "apply: advance (decode, rank-major torch step, encode)"
+    rt.advance_blobs = _timed(spent, advance, ModelRuntime.advance_blobs.__get__(rt))  # type: ignore[method-assign]
+    r.config_resetstat()
+    start = time.perf_counter()
+    for body in bodies[1:]:
+        t0 = time.perf_counter()
+        events = EventsRequest.model_validate_json(body).model_dump()["events"]
+        spent[REQUEST] = spent.get(REQUEST, 0.0) + time.perf_counter() - t0
+        engine.ingest(events)
+    total = time.perf_counter() - start
+    del rt.advance_blobs
+    store.close()
+    per = 1000.0 / (len(bodies) - 1)
+    row = {k: v * per for k, v in spent.items()}
+    if LOOKUPS in row:  # timed inside the advance: count it once
+        row[advance] -= row[LOOKUPS]
+    row[REST] = total * per - sum(row.values())
+    row["total"] = total * per
+    row["of which Redis time (EVALSHA + MGET, commandstats)"] = _redis_usec(r) * per / 1e6
+    return row
+
+
 def stage_rows(
     rt: ModelRuntime, redis_url: str, data: Path, reps: int = 3, script_slice: int = 0
 ) -> list[str]:
-    """ms per 1,000 events, median of ``reps`` runs of 20 batches (after one warm batch),
-    on the single-slot log with the store's ``script_slice``."""
+    """ms per 1,000 events in each mode (``MODES``), median of ``reps`` runs of 20
+    batches, the modes alternating, on the single-slot log with the store's
+    ``script_slice``. Everything runs on one thread, so the stages add up to the total;
+    overlapped, the advance runs while Redis runs the append, and the wait for its
+    answer is what the advance did not cover."""
     bodies = _bodies(data, 21_000, rt.config.edge_feature_dim)
-    r = redis.Redis.from_url(redis_url)
-    runs: list[dict[str, float]] = []
+    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
     for rep in range(reps):
-        r.flushall()
-        store = make_store(redis_url, script_slice=script_slice)
-        engine = Engine(rt, store)
-        engine.ingest(EventsRequest.model_validate_json(bodies[0]).model_dump()["events"])
+        for mode in MODES:
+            runs[mode].append(_stage_run(rt, redis_url, bodies, mode == "overlapped", script_slice))
         if rep == 0:
             freeze_startup_objects()  # as the service does once warm
-        spent: dict[str, float] = {}
+    labels = list(dict.fromkeys(k for rows in runs.values() for row in rows for k in row))
+    labels = [REQUEST] + [k for k in labels if k != REQUEST]
 
-        def timed(name: str, fn: Callable[..., Any], spent: dict[str, float] = spent) -> Any:
-            @functools.wraps(fn)
-            def wrapper(*a: Any, **kw: Any) -> Any:
-                t0 = time.perf_counter()
-                try:
-                    return fn(*a, **kw)
-                finally:
-                    spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+    def cell(mode: str, label: str) -> str:
+        got = [row[label] for row in runs[mode] if label in row]
+        return f"{statistics.median(got):.2f}" if got else "–"
 
-            return wrapper
-
-        names = {
-            "append_events": "log: append (arguments, script, answers)",
-            "read_states": "apply: read states (MGET)",
-            "write_states": "apply: compare-and-set write",
-            "mark_applied": "apply: mark applied",
-            # (inside the advance; only models with transition counts call it)
-            "neighbours_before": LOOKUPS,
-        }
-        for method, label in names.items():
-            setattr(store, method, timed(label, getattr(store, method)))
-        advance = "apply: advance (decode, rank-major torch step, encode)"
-        rt.advance_blobs = timed(advance, ModelRuntime.advance_blobs.__get__(rt))  # type: ignore[method-assign]
-        r.config_resetstat()
-        start = time.perf_counter()
-        for body in bodies[1:]:
-            t0 = time.perf_counter()
-            events = EventsRequest.model_validate_json(body).model_dump()["events"]
-            spent["request: JSON parse, validation, dump"] = (
-                spent.get("request: JSON parse, validation, dump", 0.0) + time.perf_counter() - t0
-            )
-            engine.ingest(events)
-        total = time.perf_counter() - start
-        del rt.advance_blobs
-        store.close()
-        per = 1000.0 / (len(bodies) - 1)
-        row = {k: v * per for k, v in spent.items()}
-        if LOOKUPS in row:  # timed inside the advance: count it once
-            row[advance] -= row[LOOKUPS]
-        row["the rest (events to and from the store's types, the applier's bookkeeping)"] = (
-            total * per - sum(row.values())
-        )
-        row["total"] = total * per
-        row["of which Redis time (EVALSHA + MGET, commandstats)"] = _redis_usec(r) * per / 1e6
-        runs.append(row)
-    rows = [f"| {k} | {statistics.median(x[k] for x in runs):.2f} |" for k in runs[0]]
-    rate = 1000.0 / statistics.median(x["total"] for x in runs) * 1000
-    rows.append(f"| in-process ingest rate, parse to applied | {rate:,.0f} events/s |")
+    rows = [f"| {k} | {cell('plain', k)} | {cell('overlapped', k)} |" for k in labels]
+    rates = [
+        f"{1000.0 / statistics.median(x['total'] for x in runs[m]) * 1000:,.0f} events/s"
+        for m in MODES
+    ]
+    rows.append(f"| in-process ingest rate, parse to applied | {rates[0]} | {rates[1]} |")
     return rows
 
 
@@ -218,7 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     rt = ModelRuntime.load(args.checkpoint)
     proc, url, _ = _start_redis()
     try:
-        print("| stage, per 1,000 events with ids | ms |\n| --- | ---: |")
+        print(
+            "| stage, ms per 1,000 events with ids | "
+            + " | ".join(f"{m} ({what})" for m, what in MODES.items())
+            + " |\n| --- | ---: | ---: |"
+        )
         print("\n".join(stage_rows(rt, url, args.data, script_slice=args.script_slice)))
         if args.stages_only:
             return 0

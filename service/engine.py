@@ -54,20 +54,35 @@ from state_store.applier import (
     logged_events,
     redrive,
 )
-from state_store.base import EventLog, LoggedEvent, NewEvent, StateStore, StoreUnavailable
+from state_store.base import (
+    AppendResult,
+    EventLog,
+    LoggedEvent,
+    NewEvent,
+    StateStore,
+    StoreUnavailable,
+)
 from state_store.blob_header import read_watermark
 from state_store.common import other_endpoint
 from state_store.faults import AFTER_LOG, maybe_crash
 from state_store.versions import NO_MARK, VersionMarks
 
 from . import metrics
+from .overlapped_advance import (
+    MIN_OVERLAP_EVENTS,
+    Prepared,
+    PreparedAdvance,
+    batch_rows,
+    prepare,
+)
 from .schemas import EventsResponse, NodeSummary, Rejected
 
 log = logging.getLogger("dygserve")
 
 
-# A context manager around one apply that yields the ``advance`` callback to use.
-ApplyWatch = Callable[["ModelRuntime", list[LoggedEvent]], AbstractContextManager[Advance]]
+# A context manager around one apply that yields the ``advance`` callback to use,
+# given the one the engine would use (which it is to call).
+ApplyWatch = Callable[["ModelRuntime", list[LoggedEvent], Advance], AbstractContextManager[Advance]]
 
 # A candidate link: (src, dst, t); t None means the latest event time seen.
 Pair = tuple[str, str, float | None]
@@ -395,7 +410,11 @@ class ScoredPair:
 
 class Engine:
     def __init__(
-        self, runtime: ModelRuntime, store: StateStore, numpy_max_pairs: int = 256
+        self,
+        runtime: ModelRuntime,
+        store: StateStore,
+        numpy_max_pairs: int = 256,
+        overlap_append: bool = True,
     ) -> None:
         self._runtime = runtime.paired_with(store)
         self.store = store
@@ -417,6 +436,8 @@ class Engine:
         # Around each apply: yields the advance callback to hand the applier (the live
         # evaluation's, service/live_eval.py, set by the lifespan); None = the runtime's.
         self.apply_watch: ApplyWatch | None = None
+        # Advance a batch while Redis runs its append (service/overlapped_advance.py).
+        self.overlap_append = overlap_append
 
     @property
     def runtime(self) -> ModelRuntime:
@@ -466,18 +487,60 @@ class Engine:
 
         ``applied`` is true only when every event of the request is applied: those it
         logged, and its duplicates that an earlier attempt logged but that are still
-        pending (after a failed apply); a retry with ``apply`` applies those too."""
+        pending (after a failed apply); a retry with ``apply`` applies those too.
+
+        A batch of ``MIN_OVERLAP_EVENTS`` or more on a single log is advanced while its
+        append runs (``service/overlapped_advance.py``): the same blobs, less waiting."""
         rt = self.runtime
-        result, logged = self.log_events(rt, events)
+        new = self.validated(rt, events)
+        if apply and self._overlaps(new):
+            return self._ingest_overlapped(rt, new)
+        result, logged = self._log(new)
         if logged and apply:
             self.apply(rt, logged)
         result.applied = (apply or not logged) and not logged.unconfirmed
         return result
 
-    def log_events(
-        self, rt: ModelRuntime, events: list[dict[str, Any]]
-    ) -> tuple[EventsResponse, LoggedBatch]:
-        """Validate against the model and append to the log; nothing applied yet."""
+    def _overlaps(self, new: list[NewEvent]) -> bool:
+        return (
+            self.overlap_append
+            and len(new) >= MIN_OVERLAP_EVENTS
+            and self.store.appends_in_background
+        )
+
+    def _ingest_overlapped(self, rt: ModelRuntime, new: list[NewEvent]) -> EventsResponse:
+        """Read the states, send the append, advance while Redis runs it, then apply."""
+        nodes = list(batch_rows(new))
+        try:
+            with timed_store("read_before_append"):
+                before = dict(zip(nodes, self.store.read_states(rt.version, nodes), strict=True))
+        except StoreUnavailable:
+            before = None  # the append will say what the store is up to
+        # The append's latency metric counts the time spent sending and waiting for
+        # the answer, not the advance that runs meanwhile.
+        t0 = time.perf_counter()
+        answer = self.store.begin_append(new)
+        waited = time.perf_counter() - t0
+        prepared = None
+        if before is not None:
+            try:
+                prepared = prepare(rt, before, new)
+            except Exception:  # the plain advance after the append will meet it again
+                log.debug("advance before the append failed; advancing after it", exc_info=True)
+        t0 = time.perf_counter()
+        try:
+            appended = answer()
+        finally:
+            waited += time.perf_counter() - t0
+            metrics.STORE_LATENCY.labels(op="append").observe(waited)
+        result, logged = self._logged(new, appended)
+        if logged:
+            self.apply(rt, logged, prepared)
+        result.applied = not logged.unconfirmed
+        return result
+
+    def validated(self, rt: ModelRuntime, events: list[dict[str, Any]]) -> list[NewEvent]:
+        """The request's events as the store's type, checked against the model."""
         dim = rt.config.edge_feature_dim
         new = []
         for i, e in enumerate(events):
@@ -491,8 +554,23 @@ class Engine:
                     e["src"], e["dst"], float(e["t"]), tuple(map(float, feats)), e.get("event_id")
                 )
             )
+        return new
+
+    def log_events(
+        self, rt: ModelRuntime, events: list[dict[str, Any]]
+    ) -> tuple[EventsResponse, LoggedBatch]:
+        """Validate against the model and append to the log; nothing applied yet."""
+        return self._log(self.validated(rt, events))
+
+    def _log(self, new: list[NewEvent]) -> tuple[EventsResponse, LoggedBatch]:
         with timed_store("append"):
             result = self.store.append_events(new)
+        return self._logged(new, result)
+
+    def _logged(
+        self, new: list[NewEvent], result: AppendResult
+    ) -> tuple[EventsResponse, LoggedBatch]:
+        """What the append of ``new`` logged, counted, and the request's answer so far."""
         logged = [
             LoggedEvent(seq, ev.src, ev.dst, ev.t, ev.features, ev.event_id or "")
             for ev, seq in zip(new, result.seqs, strict=True)
@@ -519,7 +597,7 @@ class Engine:
             rejected=[Rejected(index=i, reason=r) for i, r in result.late],
             applied=False,
         )
-        return summary, LoggedBatch(waiting + logged, result.previous_seq, unconfirmed)
+        return summary, LoggedBatch(waiting + logged, result.previous_seq, unconfirmed, result.seqs)
 
     def pending_events(self, event_ids: set[str]) -> tuple[list[LoggedEvent], int]:
         """Those of ``event_ids`` still pending (logged, not applied), oldest first, and
@@ -549,34 +627,48 @@ class Engine:
                 "background apply failed; the re-drive will apply the events", exc_info=True
             )
 
-    def apply(self, rt: ModelRuntime, logged: LoggedBatch) -> None:
+    def apply(
+        self, rt: ModelRuntime, logged: LoggedBatch, prepared: Prepared | None = None
+    ) -> None:
+        """``prepared``: the batch advanced before its append answered (``ingest``)."""
+        plain = rt.advance_blobs
+        advance: Advance = plain
+        first_read = None
+        if prepared is not None:
+            advance = PreparedAdvance(
+                prepared, logged.seqs, plain, bool(rt.config.transition_buckets)
+            )
+            first_read = prepared.before
         try:
             with (
                 self._apply_lock,
                 timed_store("apply"),
-                self._watch(rt, logged.events) as advance,
+                self._watch(rt, logged.events, advance) as watched,
             ):
                 stats = apply_logged(
                     self.store,
                     rt.version,
                     logged.events,
-                    advance,
+                    watched,
                     previous_seq=logged.previous_seq,
+                    first_read=first_read,
                 )
             self._note_applied(rt.version, logged.events)
             metrics.EVENTS_APPLIED.inc(stats.marked)
             metrics.COLD_REBUILDS.inc(stats.cold_rebuilds)
             metrics.APPLY_CONFLICTS.inc(stats.conflicts)
+            if isinstance(advance, PreparedAdvance):
+                metrics.ADVANCED_DURING_APPEND.inc(advance.taken)
         except Exception:
             self.needs_redrive = True  # logged but maybe not applied: re-drive later
             raise
 
     def _watch(
-        self, rt: ModelRuntime, events: list[LoggedEvent]
+        self, rt: ModelRuntime, events: list[LoggedEvent], advance: Advance
     ) -> AbstractContextManager[Advance]:
         if self.apply_watch is None:
-            return nullcontext(rt.advance_blobs)
-        return self.apply_watch(rt, events)
+            return nullcontext(advance)
+        return self.apply_watch(rt, events, advance)
 
     def redrive(self) -> int:
         rt = self.runtime

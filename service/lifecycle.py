@@ -63,7 +63,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store.claim_layout()
     except StoreUnavailable:
         log.warning("store unavailable at start; its layout is checked later")
-    engine = Engine(runtime, store, numpy_max_pairs=settings.numpy_score_max_pairs)
+    engine = Engine(
+        runtime,
+        store,
+        numpy_max_pairs=settings.numpy_score_max_pairs,
+        overlap_append=settings.ingest_overlap,
+    )
     live_eval = LiveEvaluator.from_settings(settings)  # None when the rate is 0
     if live_eval is not None:
         engine.apply_watch = live_eval.watch

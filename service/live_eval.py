@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from state_store.applier import Advance
 from state_store.base import LoggedEvent, StoreUnavailable
 from state_store.blob_header import read_watermark
 
@@ -116,6 +117,7 @@ class AppliedBatch:
 
     rt: ModelRuntime
     events: list[LoggedEvent]
+    inner: Advance  # what the engine would have advanced with
     calls: list[tuple[list[str], list[bytes | None], list[list[LoggedEvent]], dict[str, bytes]]] = (
         field(default_factory=list)
     )
@@ -123,7 +125,7 @@ class AppliedBatch:
     def advance(
         self, nodes: list[str], blobs: list[bytes | None], new_events: list[list[LoggedEvent]]
     ) -> dict[str, bytes]:
-        out = self.rt.advance_blobs(nodes, blobs, new_events)
+        out = self.inner(nodes, blobs, new_events)
         self.calls.append((nodes, blobs, new_events, out))
         return out
 
@@ -185,10 +187,11 @@ class LiveEvaluator:
 
     # ----- request path ----------------------------------------------------------------
     @contextmanager
-    def watch(self, rt: ModelRuntime, events: list[LoggedEvent]) -> Iterator[Any]:
-        """Around one apply: yields the ``advance`` callback to give the applier; after
-        a successful apply, hands the batch to the background thread."""
-        batch = AppliedBatch(rt, events)
+    def watch(self, rt: ModelRuntime, events: list[LoggedEvent], advance: Advance) -> Iterator[Any]:
+        """Around one apply: yields the ``advance`` callback to give the applier (which
+        calls ``advance``); after a successful apply, hands the batch to the background
+        thread."""
+        batch = AppliedBatch(rt, events, advance)
         try:
             yield batch.advance
         except Exception as exc:

@@ -65,6 +65,11 @@ BATCH_SIZE = Histogram(
     "dygserve_batch_size", "events or pairs per request", ["kind"], buckets=BATCH_BUCKETS
 )
 COLD_REBUILDS = Counter("dygserve_cold_rebuilds", "node states rebuilt from history")
+ADVANCED_DURING_APPEND = Counter(
+    "dygserve_advanced_during_append_nodes",
+    "node states whose advance ran while their batch's append was in Redis and was kept"
+    " (service/overlapped_advance.py)",
+)
 APPLY_CONFLICTS = Counter(
     "dygserve_apply_conflicts",
     "node states whose compare-and-set another writer won (re-read, then applied again or"

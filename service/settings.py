@@ -108,6 +108,11 @@ class Settings(BaseSettings):
         ge=0,
         description="torch backend: score calls up to this many pairs run the numpy kernel (0 = never)",
     )
+    ingest_overlap: bool = Field(
+        True,
+        description="advance a batch's states while its append runs in Redis (single log;"
+        " the same states, less waiting: service/overlapped_advance.py)",
+    )
 
     store_info_interval_s: float = Field(
         15.0,

@@ -128,6 +128,8 @@ class LoggedBatch:
     # duplicates of the request whose pending state was not looked up (a pending set
     # longer than the caller's scan): the request cannot say they are applied
     unconfirmed: int = 0
+    # the append's seq for each event of the request, in its order (None: not logged)
+    seqs: list[int | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.events)
@@ -226,6 +228,7 @@ def apply_nodes(
     known: dict[str, JustLogged] | None = None,
     bringing: frozenset[int] | None = None,
     newest_brought: dict[str, int] | None = None,
+    first_read: dict[str, bytes | None] | None = None,
 ) -> ApplyStats:
     """Bring the stored blobs of ``nodes`` up to date with their histories.
 
@@ -239,6 +242,12 @@ def apply_nodes(
     events in. Without this, a writer that loses the compare-and-set on a hub would
     have to catch up with every later event of every other writer before it may stop,
     and under a steady stream of writers to one hub it could run out of rounds.
+    ``first_read``: the nodes' blobs as read before the append that logged ``known``'s
+    events (the engine reads them first to advance while the append runs); the first
+    round starts from them instead of reading. Safe: the fast path needs a watermark
+    at or past the node's seq before that append, which a read before it can only
+    show if nothing was logged for the node in between, and the compare-and-set
+    expects these marks, so a write in between fails it and the next round re-reads.
     """
     stats = ApplyStats()
     todo = _unique(nodes)
@@ -246,7 +255,11 @@ def apply_nodes(
         if not todo:
             return stats
         stats.rounds += 1
-        blobs = store.read_states(version, todo)
+        if first_read is not None and all(n in first_read for n in todo):
+            blobs = [first_read[n] for n in todo]
+        else:
+            blobs = store.read_states(version, todo)
+        first_read = None
         marks = [None if b is None else read_watermark(b) for b in blobs]
         after = [-1 if m is None else int(m[1]) for m in marks]
         if newest_brought:
@@ -334,11 +347,13 @@ def apply_logged(
     advance: Advance,
     max_rounds: int = 8,
     previous_seq: dict[str, int] | None = None,
+    first_read: dict[str, bytes | None] | None = None,
 ) -> ApplyStats:
     """Apply the endpoints of just-logged events, then mark the events applied.
 
     ``previous_seq``: ``AppendResult.previous_seq`` of the append that logged exactly
     these events (enables the fast path of ``apply_nodes``); None for re-drives.
+    ``first_read``: the blobs read before that append (``apply_nodes``).
     """
     newest: dict[str, int] = {}
     for e in events:
@@ -355,6 +370,7 @@ def apply_logged(
         known=known,
         bringing=frozenset(e.seq for e in events),
         newest_brought=newest,
+        first_read=first_read if previous_seq else None,
     )
     if events:
         maybe_crash(BEFORE_MARK)

@@ -63,6 +63,7 @@ changed in meaning):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -299,6 +300,16 @@ class StateStore(StateTable, EventLog, ServingRegistry, Protocol):
         ...
 
     def ping(self) -> bool: ...
+
+    # True where ``begin_append`` sends the append and returns before its answer.
+    appends_in_background: bool = False
+
+    def begin_append(self, events: list[NewEvent]) -> Callable[[], AppendResult]:
+        """Start ``append_events``; the returned function waits for its answer. A
+        caller can work meanwhile (the single-slot Redis log: Redis runs the script
+        while the service advances the batch). Here: the append, done at once."""
+        result = self.append_events(events)
+        return lambda: result
 
     def memory(self) -> StoreMemory | None:
         """The store's memory use and eviction count (one round trip, for a sampled

@@ -66,3 +66,8 @@ def pack_watermark(mark: Watermark) -> bytes:
 
 def watermark_bytes(blob: bytes) -> bytes:
     return blob[WATERMARK_T_OFFSET : WATERMARK_T_OFFSET + WATERMARK_SIZE]
+
+
+def with_watermark_seq(blob: bytes, seq: int) -> bytes:
+    """``blob`` with ``seq`` as its watermark's last_seq, nothing else changed."""
+    return blob[:WATERMARK_SEQ_OFFSET] + struct.pack("<q", seq) + blob[WATERMARK_SEQ_OFFSET + 8 :]

@@ -475,6 +475,14 @@ class RedisStore(StateStore):
 
     def _append_slice(self, events: list[NewEvent]) -> AppendResult:
         """``append_events`` of events that one script call logs."""
+        keys, args, times, eids = self._single_append_call(events)
+        return self._append_answer(self._evalsha("append", keys, args), times, eids)
+
+    def _single_append_call(
+        self, events: list[NewEvent]
+    ) -> tuple[list[Any], list[Any], list[float], list[str]]:
+        """The append script's keys and arguments for ``events``, with the events'
+        times and ids (which reading its answer needs)."""
         cfg = self.config
         number: dict[str, int] = {}  # node -> j (1-based), in first-seen order
         for ev in events:
@@ -505,8 +513,11 @@ class RedisStore(StateStore):
                 encode_tail(ev, t, eid),
                 eid if ev.event_id is not None else "",
             ]
-        out = self._evalsha("append", keys, args)
-        result = AppendResult(seqs=[None] * len(events), event_ids=eids)
+        return keys, args, times, eids
+
+    def _append_answer(self, out: list[Any], times: list[float], eids: list[str]) -> AppendResult:
+        cfg = self.config
+        result = AppendResult(seqs=[None] * len(times), event_ids=eids)
         result.previous_seq = previous_seqs(out.pop())
         for i, r in enumerate(out):
             if isinstance(r, int):  # logged: its seq (the common case, read inline)
@@ -518,6 +529,47 @@ class RedisStore(StateStore):
             else:
                 result.late.append((i, refusal_reason(kind, raw, times[i], cfg.max_future_skew)))
         return result
+
+    @property
+    def appends_in_background(self) -> bool:  # type: ignore[override]
+        return not self.cluster and self.partitions == 1
+
+    @_guard
+    def begin_append(self, events: list[NewEvent]) -> Callable[[], AppendResult]:
+        """Send the append script on a connection of its own and return at once; the
+        returned function reads its answer. Where the answer cannot be split from the
+        call (a cluster, a partitioned log, a batch cut into slices), or the send
+        fails, the append runs here as ``append_events`` does (with its retries)."""
+        step = self.config.script_slice
+        if not events or not self.appends_in_background or (step and len(events) > step):
+            return super().begin_append(events)
+        keys, args, times, eids = self._single_append_call(events)
+        pool = self._r.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_command("EVALSHA", self._sha["append"], len(keys), *keys, *args)
+        except _CAUGHT:
+            conn.disconnect()
+            pool.release(conn)
+            return super().begin_append(events)  # what a retry of the plain call does
+        return functools.partial(self._finish_append, conn, keys, args, times, eids)
+
+    @_guard
+    def _finish_append(
+        self, conn: Any, keys: list[Any], args: list[Any], times: list[float], eids: list[str]
+    ) -> AppendResult:
+        pool = self._r.connection_pool
+        try:
+            out = conn.read_response()
+        except rex.NoScriptError:  # a Redis restarted or flushed since the scripts loaded
+            pool.release(conn)
+            return self._append_answer(self._evalsha("append", keys, args), times, eids)
+        except BaseException:
+            conn.disconnect()  # (read_response disconnects on errors; a no-op then)
+            pool.release(conn)
+            raise
+        pool.release(conn)
+        return self._append_answer(out, times, eids)
 
     @_guard
     def read_histories(

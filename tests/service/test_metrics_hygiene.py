@@ -144,7 +144,7 @@ async def test_a_compare_and_set_lost_to_another_writer_is_counted(app_and_clien
     calls: list[int] = []
 
     @contextmanager
-    def second_writer_between(runtime, events) -> Iterator:
+    def second_writer_between(runtime, events, _advance) -> Iterator:
         def advance(nodes, blobs, new):
             calls.append(len(nodes))
             if len(calls) == 1:
