@@ -510,7 +510,8 @@ class Engine:
 
     def _ingest_overlapped(self, rt: ModelRuntime, new: list[NewEvent]) -> EventsResponse:
         """Read the states, send the append, advance while Redis runs it, then apply."""
-        nodes = list(batch_rows(new))
+        rows = batch_rows(new)
+        nodes = list(rows)
         try:
             with timed_store("read_before_append"):
                 before = dict(zip(nodes, self.store.read_states(rt.version, nodes), strict=True))
@@ -524,7 +525,7 @@ class Engine:
         prepared = None
         if before is not None:
             try:
-                prepared = prepare(rt, before, new)
+                prepared = prepare(rt, before, new, rows)
             except Exception:  # the plain advance after the append will meet it again
                 log.debug("advance before the append failed; advancing after it", exc_info=True)
         t0 = time.perf_counter()

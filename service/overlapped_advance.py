@@ -84,10 +84,13 @@ def batch_rows(events: Sequence[NewEvent]) -> dict[str, list[int]]:
 
 
 def prepare(
-    rt: Advancer, before: dict[str, bytes | None], events: Sequence[NewEvent]
+    rt: Advancer,
+    before: dict[str, bytes | None],
+    events: Sequence[NewEvent],
+    rows: dict[str, list[int]],
 ) -> Prepared | None:
-    """Advance every endpoint of ``events`` from ``before`` by all of its events."""
-    rows = batch_rows(events)
+    """Advance every endpoint of ``events`` (``rows``: ``batch_rows(events)``) from
+    ``before`` by all of its events."""
     placeholder = [
         LoggedEvent(PLACEHOLDER_SEQ + i, ev.src, ev.dst, ev.t, ev.features, ev.event_id or "")
         for i, ev in enumerate(events)
