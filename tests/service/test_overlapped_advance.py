@@ -8,12 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
 from service import metrics
+from service.app import create_app
 from service.engine import Engine, ModelRuntime
 from service.overlapped_advance import MIN_OVERLAP_EVENTS
+from service.settings import Settings
 from state_store.base import NewEvent, StateStore
 from state_store.factory import make_store
 from state_store.redis_store import RedisStore
@@ -177,3 +180,37 @@ def test_scripts_flushed_before_an_overlapped_append(
     assert all_blobs(over.store, runtime.version, uci, len(events)) == all_blobs(
         plain.store, runtime.version, uci, len(events)
     )
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("overlap", [True, False])
+async def test_the_setting_reaches_the_service(redis_server, checkpoint, uci, overlap) -> None:
+    """``ingest_overlap`` decides the path of ``POST /v1/events`` (real app, real Redis):
+    the metric of prepared blobs moves only with it on, and the states are the same."""
+    redis_server.flush()
+    settings = Settings(
+        checkpoint=checkpoint, store={"url": redis_server.url}, ingest_overlap=overlap
+    )
+    app = create_app(settings)
+    rt = ModelRuntime.load(checkpoint)
+    before = metrics.ADVANCED_DURING_APPEND._value.get()
+    async with app.router.lifespan_context(app):
+        assert app.state.engine.overlap_append is overlap  # type: ignore[attr-defined]
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://in-process") as c:
+            for lo in (0, 300):
+                body = {"events": batch(uci, lo, lo + 300, rt.config.edge_feature_dim)}
+                r = await c.post("/v1/events", json=body)
+                assert r.status_code == 200 and r.json()["applied"], r.text
+    moved = metrics.ADVANCED_DURING_APPEND._value.get() - before
+    assert (moved > 0) is overlap
+    plain = engine(checkpoint, make_store(redis_server.url, key_prefix="setting-p"), overlap=False)
+    for lo in (0, 300):
+        assert plain.ingest(batch(uci, lo, lo + 300, rt.config.edge_feature_dim)).applied
+    served = make_store(redis_server.url)
+    assert all_blobs(served, rt.version, uci, 600) == all_blobs(plain.store, rt.version, uci, 600)
