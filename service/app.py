@@ -12,6 +12,7 @@ from fastapi.routing import APIRoute
 
 from . import metrics
 from .errors import install_error_handlers
+from .json_body import add_body_schemas
 from .lifecycle import lifespan
 from .limits import UNBOUNDED_PATHS, BodyLimitMiddleware, InFlightMiddleware
 from .routers import ALL as ROUTERS
@@ -38,5 +39,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    add_body_schemas(app)
     metrics.precreate_series(r.path for r in api_routes if r.path not in UNBOUNDED_PATHS)
     return app

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
 from model.node_ids import MAX_ID_BYTES
@@ -16,6 +16,7 @@ from ..classify import classify_nodes
 from ..deps import EngineDep, SettingsDep
 from ..engine import RequestRefused
 from ..errors import ERROR_RESPONSES
+from ..json_body import documented, json_body
 from ..schemas import (
     MAX_ABS_TIME,
     ClassifyDetail,
@@ -60,9 +61,11 @@ async def get_classify(
     )
 
 
-@router.post("/v1/classify")
+@router.post("/v1/classify", openapi_extra=documented(ClassifyRequest))
 async def post_classify(
-    body: ClassifyRequest, engine: EngineDep, settings: SettingsDep
+    body: Annotated[ClassifyRequest, Depends(json_body(ClassifyRequest))],
+    engine: EngineDep,
+    settings: SettingsDep,
 ) -> ClassifyResponse:
     """A batch of {node, t} in one call (one state read, one read-out)."""
     if len(body.nodes) > settings.max_classify_nodes:

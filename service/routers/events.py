@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from starlette.concurrency import run_in_threadpool
@@ -12,14 +13,19 @@ from ..auth import require_api_key
 from ..deps import BackgroundDep, EngineDep, SettingsDep
 from ..engine import RequestRefused
 from ..errors import ERROR_RESPONSES
+from ..json_body import documented, json_body
 from ..schemas import EventsRequest, EventsResponse
 
 router = APIRouter(tags=["ingest"], responses=ERROR_RESPONSES)
 
 
-@router.post("/v1/events", dependencies=[Depends(require_api_key)])
+@router.post(
+    "/v1/events",
+    dependencies=[Depends(require_api_key)],
+    openapi_extra=documented(EventsRequest),
+)
 async def post_events(
-    body: EventsRequest,
+    body: Annotated[EventsRequest, Depends(json_body(EventsRequest))],
     engine: EngineDep,
     settings: SettingsDep,
     background: BackgroundDep,

@@ -17,6 +17,7 @@ from ..deps import BatcherDep, EngineDep, SettingsDep
 from ..engine import RequestRefused
 from ..errors import ERROR_RESPONSES
 from ..explain import explain_pair
+from ..json_body import documented, json_body
 from ..schemas import (
     MAX_ABS_TIME,
     MAX_EXPLAIN_EVENTS,
@@ -80,9 +81,11 @@ async def get_score(
     )
 
 
-@router.post("/v1/score")
+@router.post("/v1/score", openapi_extra=documented(ScoreRequest))
 async def post_score(
-    body: ScoreRequest, batcher: BatcherDep, settings: SettingsDep
+    body: Annotated[ScoreRequest, Depends(json_body(ScoreRequest))],
+    batcher: BatcherDep,
+    settings: SettingsDep,
 ) -> ScoreResponse:
     """A batch of candidate links in one call."""
     if len(body.pairs) > settings.max_score_pairs:
@@ -112,8 +115,12 @@ async def post_score(
     )
 
 
-@router.post("/v1/rank")
-async def post_rank(body: RankRequest, batcher: BatcherDep, settings: SettingsDep) -> RankResponse:
+@router.post("/v1/rank", openapi_extra=documented(RankRequest))
+async def post_rank(
+    body: Annotated[RankRequest, Depends(json_body(RankRequest))],
+    batcher: BatcherDep,
+    settings: SettingsDep,
+) -> RankResponse:
     """One source, many candidate destinations, sorted by probability (TGB MRR use case)."""
     if len(body.candidates) > settings.max_rank_candidates:
         raise RequestRefused(
