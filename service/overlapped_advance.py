@@ -4,8 +4,11 @@ An ingest is an append (Redis runs the Lua script while this process waits on th
 socket) and then an apply (read the states, advance them, compare-and-set). The
 advance needs the states and the events, not the seqs that the append assigns: a seq
 only ends up in its node's blob as the watermark. So for a batch the engine reads the
-endpoints' states, starts the append on another thread, and advances the states with
-placeholder seqs while Redis runs the script (``prepare``). The applier's first round
+endpoints' states, sends the append without waiting for its answer
+(``StateStore.begin_append``), and advances the states with placeholder seqs while
+Redis runs the script (``prepare``); then it reads the answer. (All on the request's
+thread: a second thread for the append gained half as much, its Python and the
+advance's fighting over the GIL.) The applier's first round
 then takes a prepared blob only where what it is about to advance is exactly what was
 prepared: the same blob before and the same events, checked by their real seqs
 (``PreparedAdvance``); the real seq is then written into the watermark. Anything else
@@ -30,7 +33,8 @@ from state_store.blob_header import with_watermark_seq
 
 # Far above any seq a log hands out: only ever in a blob that is patched or dropped.
 PLACEHOLDER_SEQ = 1 << 60
-# Below this many events the thread hand-off costs about what the overlap saves.
+# Below this many events the extra read before the append and the matching cost
+# about what the overlap saves (Redis runs a small append in well under a ms).
 MIN_OVERLAP_EVENTS = 32
 
 
