@@ -15,6 +15,10 @@ Rules:
   latest neighbours (``identity_match_dim`` 128, depth 3, lists of 128; see
   ``docs/results/mooc-experiments.md``). With more items than hash buckets the rows
   would be shared and the table meaningless, so the side must also fit in the buckets.
+  And each item needs enough training events (``MATCH_EVENTS_PER_ITEM_MIN``) for its
+  row to be learned rather than memorised: below that the stream keeps the lists of 128
+  without the match (Wikipedia, 3 seeds: docs/results/current-defaults.md, "The
+  identity match").
 * **Transition counts on a bipartite stream.** When sources and destinations never
   share an id, each node also keeps a hashed count of where its counterparts had been
   just before (``transition_buckets``, ``TRANSITION_BUCKETS``; ``model/transition_counts.py``):
@@ -109,6 +113,11 @@ import numpy as np
 from model.config import ModelConfig
 
 ITEM_SIDE_MAX = 1024  # destinations of a "small item side"; also <= the default hash buckets
+# Training events per destination below which the identity match over-fits: Wikipedia
+# (~100 a page) kept its first epoch with it and scored lower than without it on
+# validation and test; MOOC (~2,600 a course item) needs it. Two streams, so the
+# threshold sits between them (docs/results/current-defaults.md, "The identity match").
+MATCH_EVENTS_PER_ITEM_MIN = 500
 # Share of historical training negatives (docs/results/negatives-experiments.md).
 HISTORICAL_SHARE = 0.1
 SNAPSHOT_GROUP_MIN = 200  # a timestamp group at least one training batch long is a snapshot
@@ -202,11 +211,24 @@ def choose_settings(
     match_fields = ("identity_match_dim", "identity_match_depth", "neighbour_list_len")
     small_items = 0 < profile.destinations <= min(ITEM_SIDE_MAX, buckets)
     if profile.bipartite and small_items and not any(f in explicit_config for f in match_fields):
-        auto.config.update(identity_match_dim=128, identity_match_depth=3, neighbour_list_len=128)
-        auto.reasons.append(
-            f"bipartite with {profile.destinations} destinations (<= {ITEM_SIDE_MAX}):"
-            " identity match (width 128, depth 3) over lists of 128"
-        )
+        per_item = profile.events / profile.destinations
+        if per_item >= MATCH_EVENTS_PER_ITEM_MIN:
+            auto.config.update(
+                identity_match_dim=128, identity_match_depth=3, neighbour_list_len=128
+            )
+            auto.reasons.append(
+                f"bipartite with {profile.destinations} destinations (<= {ITEM_SIDE_MAX}),"
+                f" {per_item:,.0f} training events each (>= {MATCH_EVENTS_PER_ITEM_MIN}):"
+                " identity match (width 128, depth 3) over lists of 128"
+            )
+        else:
+            auto.config.update(neighbour_list_len=128)
+            auto.reasons.append(
+                f"bipartite with {profile.destinations} destinations (<= {ITEM_SIDE_MAX}):"
+                f" lists of 128; {per_item:,.0f} training events per destination"
+                f" (< {MATCH_EVENTS_PER_ITEM_MIN}) are too few to learn each one's identity"
+                " (no identity match)"
+            )
     # The snapshot pair features, role counts and transition counts are pair features:
     # a model without them (the ablation's "state only") gets none of those rules.
     pair_features = bool(explicit_config.get("use_pair_features", True))

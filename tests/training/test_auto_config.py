@@ -11,6 +11,7 @@ from training.auto_config import (
     DENSE_SNAPSHOT_NODE_EVENTS,
     HISTORICAL_SHARE,
     ITEM_SIDE_MAX,
+    MATCH_EVENTS_PER_ITEM_MIN,
     SNAPSHOT_GROUP_MIN,
     SNAPSHOT_LIST_MAX,
     SNAPSHOT_PATIENCE,
@@ -57,6 +58,28 @@ def test_bipartite_stream_with_few_items_gets_the_identity_match(data_dir) -> No
     assert p.span > 0
     assert chosen.config["transition_decay"] == pytest.approx(p.span * TRANSITION_DECAY_SHARE)
     assert any("decayed" in r for r in chosen.reasons)
+
+
+def test_the_identity_match_needs_enough_events_per_item(data_dir) -> None:
+    """Few training events per destination: lists of 128 without the match, which
+    would memorise each item's id rather than learn it (Wikipedia, ~100 a page)."""
+    items = 40
+    for per_item, matched in (
+        (MATCH_EVENTS_PER_ITEM_MIN, True),
+        (MATCH_EVENTS_PER_ITEM_MIN - 1, False),
+    ):
+        n = items * per_item
+        src = np.arange(n) % 997
+        dst = 10_000 + np.arange(n) % items
+        chosen = choose_settings(StreamProfile.of(src, dst, np.arange(float(n))), {}, None)
+        assert chosen.config["neighbour_list_len"] == 128
+        assert ("identity_match_dim" in chosen.config) is matched
+        assert any(
+            ("no identity match" in r) is not matched for r in chosen.reasons if "bipartite" in r
+        )
+    wikipedia = _profile(data_dir, "wikipedia", limit=None)
+    assert wikipedia.events / wikipedia.destinations < MATCH_EVENTS_PER_ITEM_MIN
+    assert "identity_match_dim" not in choose_settings(wikipedia, {}, None).config
 
 
 def test_decayed_transition_counts_only_in_continuous_time() -> None:
