@@ -53,9 +53,9 @@ RUN pip install '.[onnx]' \
 # devel image whose nvcc matches torch's CUDA (13.0 for torch's cu130 wheels and
 # onnxruntime-gpu 1.31's CUDA 13 / cuDNN 9), for TORCH_CUDA_ARCH_LIST only, with MAX_JOBS
 # parallel nvcc jobs (each can take several GB of memory).
-# Measured outside Docker on an H100 machine with 16 cores (docs/GPU.md): for sm_90 alone
-# at MAX_JOBS=16, mamba-ssm built in about 3 min and causal-conv1d took over 5.5 min
-# (unfinished when that run's budget ran out). Estimates (no Docker engine where this was
+# Measured outside Docker on H100 and H200 machines with 16 cores (docs/GPU.md): for sm_90
+# alone at MAX_JOBS=16, mamba-ssm built in 2-3 min and causal-conv1d in about 5 min (its
+# slowest file is one nvcc job, so more jobs do not shorten it). Estimates (no Docker engine where this was
 # written): 15-30 min for two architectures at MAX_JOBS=8 (their own list of nine would
 # take several times that); an image of about 9-11 GB (torch's CUDA build with its
 # nvidia-* libraries ~5 GB, the CUDA/cuDNN runtime base ~3 GB, triton ~1 GB,

@@ -6,7 +6,9 @@
 #   OUT=/some/dir bash deploy/gpu_check.sh [ARCH]      (from the repo root; ARCH: 9.0)
 #
 # KERNELS="mamba_ssm" builds only mamba-ssm (causal-conv1d's build took over 330 s on 16
-# cores, and without it the conv runs in torch); BENCH=0 skips the bench.
+# cores, and without it the conv runs in torch); BENCH=0 skips the bench; PROFILE=1 runs
+# `python -m loadtests.gpu_profile` (ingest and cold rebuild by operator) as soon as
+# mamba-ssm is built, while causal-conv1d's build goes on.
 #
 # Needs, in the ignored folder .whl (docs/BENCHMARKS.md, "Commands for the device
 # machine", says how to fill it here): the service's pure-Python wheels, the two sdists in
@@ -34,13 +36,23 @@ mkdir -p /tmp/kb && (cd /tmp/kb && for f in "$R"/.whl/src/*.tar.gz; do tar xzf "
 python3 "$R/deploy/kernel_arches.py" "$ARCH" /tmp/kb/mamba_ssm-*/setup.py /tmp/kb/causal_conv1d-*/setup.py
 KERNELS=${KERNELS:-causal_conv1d mamba_ssm}
 BENCH=${BENCH:-1}
-build_budget=$(($(left) - (BENCH ? 200 : 70)))
+PROFILE=${PROFILE:-0}
+build_budget=$(($(left) - (BENCH ? 200 : 90)))
+declare -A build_pid
 for pkg in $KERNELS; do
     (MAX_JOBS=16 MAMBA_FORCE_BUILD=TRUE CAUSAL_CONV1D_FORCE_BUILD=TRUE timeout "$build_budget" \
         python3 -m pip install --no-index --no-deps --no-build-isolation --target "/tmp/site-$pkg" \
         /tmp/kb/$pkg-* >"$OUT/build-$pkg.log" 2>&1
      log "$pkg build rc=$?") &
+    build_pid[$pkg]=$!
 done
+if [ "$PROFILE" = 1 ] && [ -n "${build_pid[mamba_ssm]:-}" ]; then
+    wait "${build_pid[mamba_ssm]}"
+    log "profile (causal-conv1d's build, if any, goes on)"
+    timeout $(($(left) < 300 ? $(left) / 2 : 150)) python3 -m loadtests.gpu_profile \
+        --data .whl/data/uci --out "$OUT" 2>&1 | grep -v '^USDT' > "$OUT/gpu-profile.log"
+    log "profile rc=${PIPESTATUS[0]}"
+fi
 wait
 python3 -c 'from model.kernels.ops import load_mamba_ops; print(load_mamba_ops())' 2>&1 | tail -1 \
     | tee -a "$OUT/steps.log"
