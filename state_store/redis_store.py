@@ -545,7 +545,12 @@ class RedisStore(StateStore):
             return super().begin_append(events)
         keys, args, times, eids = self._single_append_call(events)
         pool = self._r.connection_pool
-        conn = pool.get_connection()
+        try:
+            # (redis-py connects lazily, at the send; a pool that can give no connection,
+            # e.g. at its max_connections, raises here)
+            conn = pool.get_connection()
+        except _CAUGHT:
+            return super().begin_append(events)
         try:
             conn.send_command("EVALSHA", self._sha["append"], len(keys), *keys, *args)
         except _CAUGHT:

@@ -216,3 +216,21 @@ def test_every_reason_is_a_store_unavailable() -> None:
         StoreUnavailable("x", "no such reason")
     conflict = ApplyConflictError("3 node(s) still conflicting")
     assert isinstance(conflict, StoreUnavailable) and conflict.reason == "conflict"
+
+
+def test_a_redis_down_when_the_append_is_sent_is_unavailable(server) -> None:
+    """``begin_append`` (the append sent now, its answer read later) takes its
+    connection inside the same fallback as the send: a Redis that refuses connections
+    then is a ``StoreUnavailable`` after the plain call's retries, as for
+    ``append_events``, not a bare redis-py error (which the service would answer 500)."""
+    store = RedisStore(url=server.url)
+    try:
+        assert store.appends_in_background
+        store.append_events(events("a", 3))  # connected and scripts loaded
+        store.client.connection_pool.disconnect()
+        server.stop()
+        with pytest.raises(StoreUnavailable) as caught:
+            store.begin_append(events("b", 40))()
+        assert caught.value.reason == "connection"
+    finally:
+        store.close()
