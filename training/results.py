@@ -66,7 +66,7 @@ from .evaluate import evaluate_model, load_data, trained_visibility
 from .jsonable import jsonable
 from .machine import describe_machine
 from .negatives import STRATEGIES
-from .train import DEFAULT_MAX_EPOCHS, train
+from .train import DEFAULT_MAX_EPOCHS, TRAIN_STATE_DIR, train
 
 # Paper (DyG-Mamba v1, Table 4): transductive AP, mean ± std over 5 runs.
 PAPER_TABLE4 = {
@@ -429,7 +429,8 @@ def _run_more_seeds(
             continue
         sdir = out / f"full-seed{seed}"
         _log(f"{name}/full seed {seed}: training")
-        train(
+        _train_or_resume(
+            reuse,
             data_path,
             sdir,
             dict(cfg),
@@ -445,6 +446,22 @@ def _run_more_seeds(
         save()
     _seed_stats(summary, per_seed)
     save()
+
+
+def _train_or_resume(reuse: bool, data_path: Path, out: Path, *args: Any, **kw: Any) -> None:
+    """``train``; with ``--reuse``, resumed from ``out``'s saved training state where one
+    of the same settings is there (a seed cut off by a stop goes on where it was; one
+    that finished, also one trained beside this run with ``dygserve train --out``, is
+    only reloaded), else trained afresh."""
+    if reuse and (out / TRAIN_STATE_DIR / "state.json").exists():
+        try:
+            train(data_path, out, *args, resume=True, **kw)
+            return
+        except ValueError as e:  # another run's settings: start again
+            if not str(e).startswith("cannot resume"):
+                raise
+            _log(f"{out}: not resumed ({e}); training afresh")
+    train(data_path, out, *args, **kw)
 
 
 def _seed_stats(summary: dict[str, Any], per_seed: dict[str, dict[str, float]]) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 
 from training.machine import cpu_name
 from training.results import main
+from training.train import TRAIN_STATE_DIR, train
 
 
 def test_results_rows_replay_with_the_visibility_each_seed_was_trained_with(
@@ -59,7 +60,16 @@ def test_results_rows_replay_with_the_visibility_each_seed_was_trained_with(
     # A later session, runs/ gone: --reuse starts from the kept summary and adds a seed
     # without training the rows it already has.
     shutil.rmtree(out)
+    # Seed 2 trained beside it (`dygserve train --out`, the run's settings): --reuse
+    # resumes its finished state, so it is evaluated without training it again.
+    seed2 = out / "snap" / "full-seed2"
+    train(
+        root / "snap" / "edges.csv.gz", seed2, {}, epochs=1, progress=False, test_eval=False, seed=2
+    )
+    state = seed2 / TRAIN_STATE_DIR / "state.json"
+    trained_at = state.stat().st_mtime_ns
     assert run("--seeds", "0,1,2", "--reuse") == 0
+    assert state.stat().st_mtime_ns == trained_at
     assert not (out / "snap" / "full").exists() and not (out / "snap" / "full-seed1").exists()
     assert (out / "snap" / "full-seed2" / "metrics.json").exists()
     again = json.loads(kept.read_text())
