@@ -290,8 +290,13 @@ def counterparts_previous(
     return counterparts_before(log, nodes, new_events, [[k] for k in latest_keys])[0]
 
 
+# What ``counterparts_before`` gives, with no log to ask, for a neighbour it cannot
+# know from the nodes in hand (node keys are 63-bit, never negative; PAD is -1).
+UNKNOWN_NEIGHBOUR = -2
+
+
 def counterparts_before(
-    log: EventLog,
+    log: EventLog | None,
     nodes: list[str],
     new_events: list[list[LoggedEvent]],
     tail_keys: list[list[int]],
@@ -307,7 +312,8 @@ def counterparts_before(
     entries before the event are those of its new events before it, then its blob's
     newest list entries. The rest (c not here, or already past the event: another
     writer, a crash between two nodes' writes, a rebuild of one node) is asked of the
-    log, in one round trip.
+    log, in one round trip; with no ``log`` (the live evaluator, which never reads
+    the store) they come out as ``UNKNOWN_NEIGHBOUR``.
 
     An event is matched across the two nodes' histories by seq on one log; on a
     partitioned log each endpoint's partition holds its own copy under its own seq, so
@@ -357,7 +363,12 @@ def counterparts_before(
                 rows[d] += [keys[d]] * n
         for d in range(depth):
             out[d].append(rows[d])
-    if asked:
+    if asked and log is None:
+        for r, k, n in holes:
+            for d in range(depth):
+                out[d][r][k : k + n] = [UNKNOWN_NEIGHBOUR] * n
+    elif asked:
+        assert log is not None
         found_all: list[tuple[str | None, ...]] = (
             [(f,) for f in log.neighbours_before(asked, asked_events)]
             if depth == 1

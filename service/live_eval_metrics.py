@@ -59,6 +59,8 @@ SKIP_REASONS = (
     "batch_backlog",  # the evaluator was behind by live_eval_queue batches
     "batch_error",  # the evaluation itself failed (logged)
     "cpu_budget",  # the evaluator had used its share of a core (live_eval_cpu_budget)
+    # transition counts: where a row's counterpart had been was not in the apply's hands
+    "counterpart_unknown",
 )
 for _reason in SKIP_REASONS:  # every series exists from the start, at 0
     LIVE_SKIPPED.labels(reason=_reason)

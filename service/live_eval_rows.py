@@ -15,33 +15,83 @@ import torch
 from model.node_ids import node_keys
 from model.node_state import NeighbourLists, NodeStates
 from model.pair_features import pair_inputs_of_rows
+from model.transition_counts import PAD
 from state_store.base import LoggedEvent
 
-from .engine import ModelRuntime, node_events
+from .engine import UNKNOWN_NEIGHBOUR, ModelRuntime, counterparts_before, node_events
 
 # A node's state just before a time: a blob and the events to apply on top of it.
 Snapshot = tuple[bytes | None, list[LoggedEvent]]
+# What an apply did to a node: its blob before, the events applied, its blob after.
+Applied = tuple[bytes | None, list[LoggedEvent], bytes]
 
 
 def states_before(
-    rt: ModelRuntime, names: list[str], snapshots: list[Snapshot]
-) -> tuple[NodeStates, NeighbourLists]:
+    rt: ModelRuntime,
+    names: list[str],
+    snapshots: list[Snapshot],
+    applied: dict[str, Applied] | None = None,
+) -> tuple[NodeStates, NeighbourLists, set[int]]:
     """The states and neighbour lists of rows (node, blob + events to apply on top):
     one decode, then one rank-major advance of every row that has events (the
     runtime's own, as the apply runs it; rows are independent, so a node may be in
     several rows, at several times). Scoring reads h, t_last and n_events of a state
-    and the neighbour lists, never the conv tail."""
+    and the neighbour lists, never the conv tail.
+
+    A model with transition counts also needs, per entry, where the event's other
+    endpoint had been just before it: taken from ``applied`` (what the apply held:
+    each node's blob before and its events), as the applier takes it from the nodes
+    in hand. The third value: rows for which that was not in hand (the other endpoint
+    not advanced by this apply, or past the event), whose lists are not exact."""
     states, lists = rt.decode([blob for blob, _ in snapshots])
     rows = [r for r, (_, events) in enumerate(snapshots) if events]
     if not rows:
-        return states, lists
+        return states, lists, set()
     per_row = [node_events(names[r], snapshots[r][1]) for r in rows]
+    previous, unknown = _counterparts(rt, names, snapshots, rows, applied or {})
     idx = torch.tensor(rows)
     new = rt.kernels.advance(states.select(idx).to(rt.device), per_row).to("cpu")
     states.h[idx], states.t_last[idx], states.n_events[idx] = new.h, new.t_last, new.n_events
     states.last_seq[idx] = new.last_seq
-    lists.assign(idx, lists.select(idx).extended(per_row))
-    return states, lists
+    lists.assign(idx, lists.select(idx).extended(per_row, *previous))
+    return states, lists, unknown
+
+
+def _counterparts(
+    rt: ModelRuntime,
+    names: list[str],
+    snapshots: list[Snapshot],
+    rows: list[int],
+    applied: dict[str, Applied],
+) -> tuple[tuple[list[list[int]] | None, list[list[int]] | None], set[int]]:
+    """(previous, previous2) of ``NeighbourLists.extended`` for the rows with events,
+    from every node the apply advanced (``counterparts_before`` with no log), and the
+    rows with an entry it could not know."""
+    cfg = rt.config
+    if not cfg.transition_buckets:
+        return (None, None), set()
+    depth = 2 if cfg.transition_order2 else 1
+    nodes = list(applied)
+    blobs = [applied[n][0] for n in nodes]
+    keys = rt.decode(blobs)[1].keys if nodes else torch.empty(0, cfg.neighbour_list_len)
+    tails = keys[:, -depth:].tolist()
+    found = counterparts_before(None, nodes, [applied[n][1] for n in nodes], tails)
+    at = {n: i for i, n in enumerate(nodes)}
+    out: list[list[list[int]]] = [[] for _ in range(depth)]
+    unknown: set[int] = set()
+    for r in rows:
+        node, events = names[r], snapshots[r][1]
+        entries = sum(2 if e.src == e.dst else 1 for e in events)
+        i = at.get(node)
+        # (a row's events are the first of the node's applied ones: those before a time)
+        if i is None or applied[node][1][: len(events)] != events:
+            unknown.add(r)
+        for d in range(depth):
+            got = found[d][i][:entries] if i is not None else [UNKNOWN_NEIGHBOUR] * entries
+            if UNKNOWN_NEIGHBOUR in got:
+                unknown.add(r)
+            out[d].append([PAD if k == UNKNOWN_NEIGHBOUR else k for k in got])
+    return (out[0], out[1] if depth == 2 else None), unknown
 
 
 def score_rows(
