@@ -102,6 +102,11 @@ class ServiceClient:
     def close(self) -> None:
         self.client.close()
 
+    def reads_newest_neighbours(self) -> bool:
+        """Whether the served model reads, for a node, its newest neighbour's record too
+        (``latest_transition_at_query``): then a merged run must not cut there either."""
+        return bool(self.client.model().config.get("latest_transition_at_query", False))
+
     def score(self, queries: list[Query]) -> list[float]:
         if not queries:
             return []
@@ -118,6 +123,7 @@ def replay(
     progress: bool = False,
     visibility: str = "exact",
     batch_events: int = DYGLIB_EVAL_BATCH,
+    reads_newest_neighbours: bool | None = None,
 ) -> list[float]:
     """Ingest events with t <= start_time, then score-then-ingest each later timestamp
     group (exact visibility) or each later group of ``batch_events`` events (batch).
@@ -125,11 +131,24 @@ def replay(
     Consecutive groups are merged into one score call and one ingest call while no
     query of a group involves a node that an earlier group of the run has events for:
     a query reads only its two nodes' states and neighbour lists, so that is exactly
-    "score group g, then ingest group g" for each g, with far fewer requests.
+    "score group g, then ingest group g" for each g, with far fewer requests. A model
+    that also reads each node's newest neighbour (``reads_newest_neighbours``; None: ask
+    the service) involves those too, followed here from the events sent.
     """
     if visibility not in ("exact", "batch"):
         raise ValueError("visibility must be 'exact' or 'batch'")
-    client.ingest(stream, np.flatnonzero(stream.t <= start_time), batch)
+    if reads_newest_neighbours is None:
+        reads_newest_neighbours = client.reads_newest_neighbours()
+    newest: dict[str, str] = {}  # each node's newest neighbour among the events sent
+
+    def sent(index: np.ndarray) -> None:
+        if reads_newest_neighbours:
+            for u, v in zip(stream.src[index].tolist(), stream.dst[index].tolist(), strict=True):
+                newest[u], newest[v] = v, u
+
+    first = np.flatnonzero(stream.t <= start_time)
+    client.ingest(stream, first, batch)
+    sent(first)
     after = np.flatnonzero(stream.t > start_time)
     if visibility == "exact":
         groups = np.split(after, np.flatnonzero(np.diff(stream.t[after])) + 1) if len(after) else []
@@ -159,7 +178,9 @@ def replay(
             ):
                 logits[k] = logit
         if run_events:
-            client.ingest(stream, np.concatenate(run_events), batch)
+            events = np.concatenate(run_events)
+            client.ingest(stream, events, batch)
+            sent(events)
         run_queries.clear()
         run_events.clear()
         touched.clear()
@@ -170,7 +191,10 @@ def replay(
         zip(group_keys, groups, strict=True), desc="replay", disable=not progress
     ):
         ks = by_group.pop(key, [])
-        if any(queries[k].src in touched or queries[k].dst in touched for k in ks):
+        read = [n for k in ks for n in (queries[k].src, queries[k].dst)]
+        if reads_newest_neighbours:
+            read += [newest[n] for n in read if n in newest]
+        if any(n in touched for n in read):
             flush()
         run_queries.extend(ks)
         run_events.append(group)

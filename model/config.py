@@ -110,8 +110,9 @@ class ModelConfig(BaseModel):
     )
     latest_transition_count: bool = Field(
         False,
-        description="EXPERIMENT, trainer and evaluator only (the service refuses it: its"
-        " writers do not keep it yet): with transition_buckets, each node also keeps how often"
+        description="EXPERIMENT (kept from the event, trainer and evaluator only: the service"
+        " refuses it, its writers cannot keep it; served with latest_transition_at_query):"
+        " with transition_buckets, each node also keeps how often"
         " its latest transition had been made before it made it (its latest neighbour's"
         " transition count at the bucket of the neighbour before that, as that record stood"
         " before the event), read for both endpoints (model/transition_counts.py)",
@@ -121,8 +122,9 @@ class ModelConfig(BaseModel):
         description="EXPERIMENT, with latest_transition_count: read the latest transition"
         " count at the query instead of keeping it from the event: the node's newest"
         " neighbour l1's raw transition count at the bucket of the neighbour before it (l2),"
-        " from l1's record as it stands when the node is scored. Writers keep nothing new,"
-        " which is what would let the service serve it (a second read, for l1's record)",
+        " from l1's record as it stands when the node is scored. Writers keep only l1's id"
+        " in the blob; the service serves it with a second read, for l1's record"
+        " (docs/STATE_STORE.md, 'The latest transition count, read at the query')",
     )
     time_norm: TimeNormalisation = TimeNormalisation()
     delta_min: float = Field(

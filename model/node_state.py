@@ -11,6 +11,9 @@ version, the watermark t_last/last_seq, n_events), then::
     ...    4 B   with ``transition_buckets`` = B: the transition counts (f32,
                  model/transition_counts.py)
     ...    4 B+4 with ``transition_decay`` as well: the decayed counts and their total
+    ...    258   with ``latest_transition_at_query``: the id of the node's newest neighbour
+                 (u16 length in bytes, then its UTF-8, zero-padded to MAX_ID_BYTES; length
+                 0: none), which a query needs to read that neighbour's record
 
 L is the config's ``neighbour_list_len`` (also in header bytes 18..19). The neighbour
 list is kept next to the state (DESIGN "The state of one node"), written by the same
@@ -46,6 +49,7 @@ from state_store.blob_header import (
 )
 
 from .config import ModelConfig
+from .node_ids import MAX_ID_BYTES
 from .role_counts import RECORD_WIDTH, advance_flat, empty_records
 from .roles import ROLE_DST
 from .transition_counts import (
@@ -57,6 +61,8 @@ from .transition_counts import (
 )
 
 STATE_FORMAT_VERSION = 2
+# The newest neighbour's id field (ModelConfig.latest_transition_at_query): u16 length + id.
+NEWEST_ID_FIELD_SIZE = 2 + MAX_ID_BYTES
 
 PAD_KEY = -1  # an empty neighbour slot (node keys are 63-bit, never negative)
 
@@ -287,6 +293,8 @@ class StateCodec:
         self._records_size = 8 * RECORD_WIDTH if self.role_counts else 0
         self.transition_buckets = config.transition_buckets
         self.transition_decay = config.transition_decay
+        self.keeps_newest_id = config.latest_transition_at_query
+        self._newest_id_size = NEWEST_ID_FIELD_SIZE if self.keeps_newest_id else 0
         self.blob_size = (
             HEADER_SIZE
             + self._arrays_size
@@ -294,6 +302,7 @@ class StateCodec:
             + self._records_size
             + 4
             * record_width(self.transition_buckets, self.transition_decay, config.transition_order2)
+            + self._newest_id_size
         )
         self._shape_fields = (
             MAGIC,
@@ -329,8 +338,15 @@ class StateCodec:
             n_events,
         )
 
-    def encode_many(self, states: NodeStates, lists: NeighbourLists | None = None) -> list[bytes]:
-        """One blob per node (``lists`` None: empty neighbour lists), in one numpy pass."""
+    def encode_many(
+        self,
+        states: NodeStates,
+        lists: NeighbourLists | None = None,
+        newest_ids: Sequence[str] | None = None,
+    ) -> list[bytes]:
+        """One blob per node (``lists`` None: empty neighbour lists), in one numpy pass;
+        ``newest_ids``: each node's newest neighbour ("": none), for a codec that keeps
+        them (``latest_transition_at_query``; None there: none for every node)."""
         n = len(states)
         if lists is None:
             lists = NeighbourLists.empty_for(n, self.config)
@@ -352,6 +368,10 @@ class StateCodec:
             if not isinstance(lists.transitions, DenseTransitions):
                 raise ValueError("this model keeps transition counts: the lists must carry them")
             parts.append(np.ascontiguousarray(lists.transitions.counts, dtype=np.float32))
+        if self.keeps_newest_id:
+            parts.append(_newest_id_field(newest_ids if newest_ids is not None else [""] * n))
+        elif newest_ids is not None:
+            raise ValueError("this model keeps no newest-neighbour ids")
         body = np.concatenate([p.view(np.uint8).reshape(n, -1) for p in parts], axis=1)
         t = states.t_last.tolist()
         s = states.last_seq.tolist()
@@ -449,10 +469,38 @@ class StateCodec:
             records = torch.from_numpy(raw[:, records_at:counts_at].copy().view(np.float64))
         if self.transition_buckets:
             transitions = DenseTransitions(
-                raw[:, counts_at:].copy().view(np.float32),
+                raw[:, counts_at : self.blob_size - self._newest_id_size].copy().view(np.float32),
                 self.transition_buckets,
                 self.transition_decay,
             )
         return states, NeighbourLists(
             torch.from_numpy(keys), torch.from_numpy(times), records, transitions
         )
+
+    def newest_ids(self, blobs: Sequence[bytes | None]) -> list[str]:
+        """Each blob's newest-neighbour id ("" where none, or for no blob), for a codec
+        that keeps them (``latest_transition_at_query``). Headers are not checked here:
+        the caller decodes the same blobs."""
+        if not self.keeps_newest_id:
+            raise ValueError("this model keeps no newest-neighbour ids")
+        at = self.blob_size - NEWEST_ID_FIELD_SIZE
+        out = []
+        for b in blobs:
+            if b is None:
+                out.append("")
+                continue
+            size = int.from_bytes(b[at : at + 2], "little")
+            out.append(b[at + 2 : at + 2 + size].decode("utf-8"))
+        return out
+
+
+def _newest_id_field(ids: Sequence[str]) -> np.ndarray:
+    """(N, NEWEST_ID_FIELD_SIZE) uint8: each id as u16 length + UTF-8, zero-padded."""
+    out = np.zeros((len(ids), NEWEST_ID_FIELD_SIZE), dtype=np.uint8)
+    for i, node in enumerate(ids):
+        raw = node.encode("utf-8")
+        if len(raw) > MAX_ID_BYTES:
+            raise ValueError(f"node id of {len(raw)} bytes (at most {MAX_ID_BYTES})")
+        out[i, :2] = np.frombuffer(len(raw).to_bytes(2, "little"), dtype=np.uint8)
+        out[i, 2 : 2 + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    return out

@@ -226,10 +226,12 @@ class NumpyScorer:
         iu: np.ndarray,
         iv: np.ndarray,
         tau: np.ndarray,
+        latest: np.ndarray | None = None,
     ) -> np.ndarray:
-        """``pair_features.transition_inputs`` on numpy rows."""
+        """``pair_features.transition_inputs`` on numpy rows (``latest``: each row's
+        latest transition count, for a model that reads it)."""
         c = self.config
-        records = DenseTransitions(counts, c.transition_buckets, c.transition_decay)
+        records = DenseTransitions(counts, c.transition_buckets, c.transition_decay, latest)
         return transition_features(
             records.select(iu),
             records.select(iv),
@@ -241,6 +243,7 @@ class NumpyScorer:
             nbr_t[iu, -1],
             nbr_t[iv, -1],
             c.transition_order2,
+            c.latest_transition_count,
         )
 
     # ----- the whole call ------------------------------------------------------------
@@ -257,6 +260,7 @@ class NumpyScorer:
         tau: np.ndarray,  # (P,) float64 query times
         records: np.ndarray | None = None,  # (N, RECORD_WIDTH) float64 with role_counts
         transitions: np.ndarray | None = None,  # (N, record width) float32: transition counts
+        latest: np.ndarray | None = None,  # (N,) latest transition counts, if read
     ) -> np.ndarray:
         """``streaming.score_nodes`` on numpy arrays: (P,) float32 logits."""
         c = self.config
@@ -286,7 +290,8 @@ class NumpyScorer:
                 if transitions is None:
                     raise ValueError("this model reads transition counts: pass them")
                 pair = np.concatenate(
-                    [pair, self.transition_columns(transitions, nbr, nbr_t, iu, iv, tau)], axis=1
+                    [pair, self.transition_columns(transitions, nbr, nbr_t, iu, iv, tau, latest)],
+                    axis=1,
                 )
         if c.identity_match_dim:
             d = c.identity_match_depth

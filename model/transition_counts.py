@@ -205,7 +205,8 @@ def latest_transition_counts(
     and the same for the destination. ``counts``: the records before these events (None:
     all empty); PAD previous: 0.
 
-    ``ModelConfig.latest_transition_count`` (an experiment, not served yet): it normalises
+    ``ModelConfig.latest_transition_count`` (an experiment; served only when read at the
+    query, ``latest_transition_at_query``): it normalises
     the second-order counts (how often anyone took this path), which on MOOC a probe
     found worth 0.5 AP and gave the model +0.43 over 3 seeds
     (docs/results/mooc-experiments.md, ninth round). It is the

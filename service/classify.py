@@ -83,7 +83,7 @@ def classify_nodes(
             default_t = engine.store.last_event_time()
         default_t = 0.0 if default_t is None else default_t
     nodes = list(dict.fromkeys(q[0] for q in queries))
-    states, lists, unknown = engine.load_states(rt, nodes)
+    states, lists, unknown = engine.load_states(rt, nodes, for_pairs=False)
     if unknown.any():
         names = [n for n, u in zip(nodes, unknown.tolist(), strict=True) if u]
         shown = ", ".join(repr(n) for n in names[:NAMED_UNKNOWN])

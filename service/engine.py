@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from model.checkpoint import LoadedCheckpoint, load_checkpoint
+from model.config import ModelConfig
 from model.events import ROLE_DST, ROLE_SRC, NodeEvent, endpoint_events
 from model.kernels.dispatch import kernel_advancer
 from model.node_head_checkpoint import load_node_head
@@ -45,7 +46,7 @@ from model.protocol import ServedModel
 from model.rank_plan import RankPlan
 from model.role_counts import IN_TOTAL, LATEST_IN, OUT_TOTAL
 from model.streaming import score_nodes
-from model.transition_counts import PAD
+from model.transition_counts import PAD, DenseTransitions, latest_transition_at_query
 from state_store.applier import (
     Advance,
     LoggedBatch,
@@ -146,12 +147,15 @@ class ModelRuntime:
         onnx_dir: Path | None = None,
         device: str = "cpu",
     ) -> None:
-        if checkpoint.config.latest_transition_count:
+        cfg = checkpoint.config
+        if cfg.latest_transition_count and not cfg.latest_transition_at_query:
             # (model/transition_counts.latest_transition_counts: a writer that advances
-            # one endpoint without the other cannot keep it yet)
+            # one endpoint without the other cannot keep it; read at the query it is
+            # served: ``Engine.load_states``)
             raise ValueError(
-                "this checkpoint reads latest transition counts (latest_transition_count), an"
-                " experiment the trainer and the evaluator run but the service cannot serve yet"
+                "this checkpoint keeps latest transition counts from the event"
+                " (latest_transition_count without latest_transition_at_query), an experiment"
+                " the trainer and the evaluator run but the service cannot serve"
             )
         self.checkpoint = checkpoint
         self.backend = backend
@@ -256,9 +260,30 @@ class ModelRuntime:
             before = counterparts_before(log, nodes, [new_events[i] for i in order], tails)
             previous = before[0]
             previous2 = before[1] if depth == 2 else None
+        newest = None
+        if self.codec.keeps_newest_id:  # the newest list entry's node, for queries to read
+            kept = self.codec.newest_ids(blobs)
+            newest = [
+                other_endpoint(new_events[i][-1], node) if new_events[i] else kept[k]
+                for k, (i, node) in enumerate(zip(order, nodes, strict=True))
+            ]
         new = self.kernels.advance(states.to(self.device), per_node).to("cpu")
         extended = lists.extended(per_node, previous, previous2)
-        return dict(zip(nodes, self.codec.encode_many(new, extended), strict=True))
+        return dict(zip(nodes, self.codec.encode_many(new, extended, newest), strict=True))
+
+
+def set_latest_at_query(
+    config: ModelConfig, lists: NeighbourLists, newest_counts: np.ndarray, has: np.ndarray
+) -> None:
+    """Set on ``lists`` each node's latest transition count read at the query
+    (``transition_counts.latest_transition_at_query``), from its newest neighbour's
+    transition record (``newest_counts``, row i for node i; ``has`` False: no newest
+    neighbour, 0)."""
+    assert isinstance(lists.transitions, DenseTransitions)
+    buckets, decay = config.transition_buckets, config.transition_decay
+    records = DenseTransitions(newest_counts, buckets, decay)
+    value = latest_transition_at_query(records, lists.keys[:, -2].numpy(), buckets, has)
+    lists.transitions = DenseTransitions(lists.transitions.counts, buckets, decay, value)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -694,11 +719,13 @@ class Engine:
 
     # ----- score ---------------------------------------------------------------------
     def load_states(
-        self, rt: ModelRuntime, nodes: list[str]
+        self, rt: ModelRuntime, nodes: list[str], for_pairs: bool = True
     ) -> tuple[NodeStates, NeighbourLists, np.ndarray]:
         """States and neighbour lists of ``nodes`` (unique), rebuilding cold ones and
         catching stale ones up in one batch; and which nodes have no history at all
-        (scored inductively)."""
+        (scored inductively). ``for_pairs``: the lists are for pair features, so a model
+        that reads the latest transition count at the query gets it here (a second read:
+        ``_latest_at_query``)."""
         with timed_store("read_states"):
             blobs = self.store.read_states(rt.version, nodes)
         staleness = self._staleness_of(rt)
@@ -722,7 +749,35 @@ class Engine:
                 staleness.verified.clear()
             if redo:
                 self._rebuild(rt, nodes, blobs, redo)
-        return (*rt.decode(blobs), inductive)
+        states, lists = rt.decode(blobs)
+        if for_pairs and rt.config.latest_transition_at_query:
+            self._latest_at_query(rt, nodes, blobs, lists)
+        return states, lists, inductive
+
+    def _latest_at_query(
+        self, rt: ModelRuntime, nodes: list[str], blobs: list[bytes | None], lists: NeighbourLists
+    ) -> None:
+        """``ModelConfig.latest_transition_at_query``: each node's newest neighbour l1's
+        raw transition count at the bucket of the neighbour before it, from l1's record
+        as it stands (``transition_counts.latest_transition_at_query``), set on
+        ``lists.transitions`` for the pair features. l1 is named in the node's blob; the
+        l1s not among ``nodes`` are read in one more batch (cold or stale ones rebuilt as
+        any node is)."""
+        cfg = rt.config
+        assert isinstance(lists.transitions, DenseTransitions)
+        newest = rt.codec.newest_ids(blobs)
+        at = {n: i for i, n in enumerate(nodes)}
+        extra = list(dict.fromkeys(x for x in newest if x and x not in at))
+        counts = lists.transitions.counts
+        if extra:
+            with timed_store("read_newest_neighbours"):
+                extra_lists = self.load_states(rt, extra, for_pairs=False)[1]
+            assert isinstance(extra_lists.transitions, DenseTransitions)
+            counts = np.concatenate([counts, extra_lists.transitions.counts])
+            at.update({n: len(nodes) + j for j, n in enumerate(extra)})
+        rows = np.fromiter((at.get(x, 0) for x in newest), dtype=np.int64, count=len(nodes))
+        has = np.fromiter((bool(x) for x in newest), dtype=bool, count=len(nodes))
+        set_latest_at_query(cfg, lists, counts[rows], has)
 
     def _rebuild(
         self,
@@ -776,6 +831,8 @@ class Engine:
         rt = self.runtime
         if not pairs or not self.store.async_reads or any(t is None for _, _, t in pairs):
             return None
+        if rt.config.latest_transition_at_query:  # a second read, for the newest neighbours
+            return None
         nodes = distinct_nodes(pairs)
         with timed_store("read_states"):
             blobs = await self.store.read_states_async(rt.version, nodes)
@@ -817,6 +874,7 @@ class Engine:
                 tau,
                 None if lists.records is None else lists.records.numpy(),
                 None if lists.transitions is None else lists.transitions.counts,  # type: ignore[attr-defined]
+                None if lists.transitions is None else lists.transitions.latest_counts,  # type: ignore[attr-defined]
             ).tolist()
         else:
             dev = rt.device

@@ -57,11 +57,18 @@ import numpy as np
 from state_store.applier import Advance
 from state_store.base import LoggedEvent, StoreUnavailable
 from state_store.blob_header import read_watermark
+from state_store.common import other_endpoint
 
 from . import live_eval_metrics as m
 from .cpu_budget import CpuBudget
 from .engine import ModelRuntime
-from .live_eval_rows import Applied, Snapshot, score_rows, states_before
+from .live_eval_rows import (
+    Applied,
+    Snapshot,
+    score_rows,
+    states_before,
+    with_latest_at_query,
+)
 from .rolling_quality import RollingQuality
 
 if TYPE_CHECKING:
@@ -286,6 +293,37 @@ class LiveEvaluator:
             return (blob, []) if read_watermark(blob)[0] < t else None
         return None
 
+    def _newest_neighbour_rows(
+        self,
+        rt: ModelRuntime,
+        rows: list[tuple[str, Snapshot]],
+        t: float,
+        before: dict[str, Applied],
+    ) -> tuple[list[int | None], list[tuple[str, Snapshot]]] | None:
+        """For a model that reads each node's newest neighbour's record at the query
+        (``latest_transition_at_query``): per row, the index among the extra rows of
+        its newest neighbour as of just before t (None: it has none), and those extra
+        rows; None when one of them is not in hand with exact visibility."""
+        links: list[int | None] = []
+        extra: list[tuple[str, Snapshot]] = []
+        at: dict[str, int] = {}
+        for name, (blob, events) in rows:
+            if events:
+                newest = other_endpoint(events[-1], name)
+            else:
+                newest = rt.codec.newest_ids([blob])[0]
+            if not newest:
+                links.append(None)
+                continue
+            if newest not in at:
+                snap = self._snapshot(newest, t, before, pooled=True)
+                if snap is None:
+                    return None
+                at[newest] = len(extra)
+                extra.append((newest, snap))
+            links.append(at[newest])
+        return links, extra
+
     def _draw_negatives(
         self, event: LoggedEvent, before: dict[str, Applied], candidates: list[str]
     ) -> list[tuple[str, Snapshot]] | None:
@@ -307,9 +345,12 @@ class LiveEvaluator:
         self, rt: ModelRuntime, events: list[LoggedEvent], before: dict[str, Applied]
     ) -> None:
         candidates = list(self._pool)  # destinations known before this batch
+        at_query = rt.config.latest_transition_at_query
         names: list[str] = []
         snapshots: list[Snapshot] = []
-        samples: list[tuple[LoggedEvent, list[str], int]] = []  # event, negatives, first row
+        newest_rows: list[int | None] = []  # per row, its newest neighbour's row (at_query)
+        # event, negatives, first row, rows (with the newest neighbours' after the pairs')
+        samples: list[tuple[LoggedEvent, list[str], int, int]] = []
         for e in events:
             _yield_gil()
             ends = [self._snapshot(n, e.t, before, pooled=False) for n in (e.src, e.dst)]
@@ -320,23 +361,37 @@ class LiveEvaluator:
             if drawn is None:
                 m.LIVE_SKIPPED.labels(reason="few_destinations").inc()
                 continue
-            rows = [(e.src, ends[0]), (e.dst, ends[1]), *drawn]
-            samples.append((e, [n for n, _ in drawn], len(names)))
+            rows: list[tuple[str, Snapshot]] = [(e.src, ends[0]), (e.dst, ends[1]), *drawn]
+            first = len(names)
+            links: list[int | None] = [None] * len(rows)
+            if at_query:
+                newest = self._newest_neighbour_rows(rt, rows, e.t, before)
+                if newest is None:
+                    m.LIVE_SKIPPED.labels(reason="counterpart_unknown").inc()
+                    continue
+                extra_at = first + len(rows)  # the newest neighbours' rows follow the pairs'
+                links = [None if j is None else extra_at + j for j in newest[0]]
+                links += [None] * len(newest[1])
+                rows += newest[1]
+            samples.append((e, [n for n, _ in drawn], first, len(rows)))
             names += [n for n, _ in rows]
             snapshots += [snap for _, snap in rows]
+            newest_rows += links
         if not samples:
             return
         _yield_gil()
         states, lists, unknown = states_before(rt, names, snapshots, before)
+        if at_query:
+            with_latest_at_query(rt, lists, newest_rows)
         _yield_gil()
         if unknown:  # transition counts not in hand for a row: not an exact score
-            exact = [s for s in samples if not unknown & set(range(s[2], s[2] + 2 + len(s[1])))]
+            exact = [s for s in samples if not unknown & set(range(s[2], s[2] + s[3]))]
             m.LIVE_SKIPPED.labels(reason="counterpart_unknown").inc(len(samples) - len(exact))
             samples = exact
             if not samples:
                 return
         iu, iv, tau = [], [], []
-        for e, negs, row in samples:
+        for e, negs, row, _ in samples:
             for j in range(1 + len(negs)):
                 iu.append(row)
                 iv.append(row + 1 + j)
@@ -345,7 +400,7 @@ class LiveEvaluator:
         _yield_gil()
         pos_p, neg_p = [], []
         at = 0
-        for e, negs, _ in samples:
+        for e, negs, _, _ in samples:
             pos, neg = float(logits[at]), logits[at + 1 : at + 1 + len(negs)]
             at += 1 + len(negs)
             self.quality.add(pos, neg)

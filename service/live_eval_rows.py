@@ -15,10 +15,16 @@ import torch
 from model.node_ids import node_keys
 from model.node_state import NeighbourLists, NodeStates
 from model.pair_features import pair_inputs_of_rows
-from model.transition_counts import PAD
+from model.transition_counts import PAD, DenseTransitions
 from state_store.base import LoggedEvent
 
-from .engine import UNKNOWN_NEIGHBOUR, ModelRuntime, counterparts_before, node_events
+from .engine import (
+    UNKNOWN_NEIGHBOUR,
+    ModelRuntime,
+    counterparts_before,
+    node_events,
+    set_latest_at_query,
+)
 
 # A node's state just before a time: a blob and the events to apply on top of it.
 Snapshot = tuple[bytes | None, list[LoggedEvent]]
@@ -92,6 +98,18 @@ def _counterparts(
                 unknown.add(r)
             out[d].append([PAD if k == UNKNOWN_NEIGHBOUR else k for k in got])
     return (out[0], out[1] if depth == 2 else None), unknown
+
+
+def with_latest_at_query(
+    rt: ModelRuntime, lists: NeighbourLists, newest_rows: list[int | None]
+) -> None:
+    """``latest_transition_at_query`` of every row, from the row of its newest
+    neighbour (``newest_rows``; None: none, 0), set on ``lists`` for the pair features
+    (what ``Engine.load_states`` does for the score routes)."""
+    assert isinstance(lists.transitions, DenseTransitions)
+    rows = np.array([0 if r is None else r for r in newest_rows], dtype=np.int64)
+    has = np.array([r is not None for r in newest_rows], dtype=bool)
+    set_latest_at_query(rt.config, lists, lists.transitions.counts[rows], has)
 
 
 def score_rows(

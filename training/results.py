@@ -448,20 +448,22 @@ def _run_more_seeds(
     save()
 
 
-def _train_or_resume(reuse: bool, data_path: Path, out: Path, *args: Any, **kw: Any) -> None:
+def _train_or_resume(
+    reuse: bool, data_path: Path, out: Path, cfg: dict[str, Any], **kw: Any
+) -> None:
     """``train``; with ``--reuse``, resumed from ``out``'s saved training state where one
     of the same settings is there (a seed cut off by a stop goes on where it was; one
     that finished, also one trained beside this run with ``dygserve train --out``, is
     only reloaded), else trained afresh."""
     if reuse and (out / TRAIN_STATE_DIR / "state.json").exists():
         try:
-            train(data_path, out, *args, resume=True, **kw)
+            train(data_path, out, cfg, resume=True, **kw)
             return
         except ValueError as e:  # another run's settings: start again
             if not str(e).startswith("cannot resume"):
                 raise
             _log(f"{out}: not resumed ({e}); training afresh")
-    train(data_path, out, *args, **kw)
+    train(data_path, out, cfg, **kw)
 
 
 def _seed_stats(summary: dict[str, Any], per_seed: dict[str, dict[str, float]]) -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from model.config import ModelConfig
+from model.node_ids import MAX_ID_BYTES
 from model.node_state import PAD_KEY, NeighbourLists, NodeStates, StateCodec, StateFormatError
 from model.role_counts import RECORD_WIDTH, TIMES
 from state_store.blob_header import HEADER_SIZE, read_watermark
@@ -153,3 +154,31 @@ def test_role_count_records_round_trip_and_size_the_blob():
         plain.decode_with_neighbours(blobs)
     with pytest.raises(ValueError, match="role_counts"):
         codec.encode_many(some_states(3), NeighbourLists.empty(3, 4))
+
+
+def test_newest_neighbour_ids_round_trip_after_the_transition_counts():
+    """With ``latest_transition_at_query`` a blob names its newest neighbour (what a
+    query reads the record of) after the transition counts, which decode unchanged;
+    a codec without it has no such field."""
+    base = CFG.with_updates(
+        neighbour_list_len=4, transition_buckets=8, latest_transition_count=True
+    )
+    cfg = base.with_updates(latest_transition_at_query=True)
+    codec = StateCodec(cfg, "00ff00ff00ff00ff")
+    assert codec.blob_size == StateCodec(base, "00ff00ff00ff00ff").blob_size + 2 + MAX_ID_BYTES
+    lists = NeighbourLists.empty_for(3, cfg)
+    lists.transitions.counts[:] = torch.arange(lists.transitions.counts.size).reshape(3, -1).numpy()
+    longest = "é" * (MAX_ID_BYTES // 2)  # 256 bytes of UTF-8
+    blobs = codec.encode_many(some_states(3), lists, ["user-7", "", longest])
+    assert codec.newest_ids(blobs) == ["user-7", "", longest]
+    assert codec.newest_ids([None, blobs[0]]) == ["", "user-7"]
+    back = codec.decode_with_neighbours(blobs)[1]
+    assert (back.transitions.counts == lists.transitions.counts).all()
+    assert codec.newest_ids(codec.encode_many(some_states(3), lists)) == ["", "", ""]
+    with pytest.raises(ValueError, match="257 bytes"):
+        codec.encode_many(some_states(1), NeighbourLists.empty_for(1, cfg), [longest + "x"])
+    plain = StateCodec(base, "00ff00ff00ff00ff")
+    with pytest.raises(ValueError, match="no newest-neighbour ids"):
+        plain.encode_many(some_states(1), NeighbourLists.empty_for(1, base), ["a"])
+    with pytest.raises(ValueError, match="no newest-neighbour ids"):
+        plain.newest_ids([None])

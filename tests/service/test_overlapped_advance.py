@@ -31,6 +31,11 @@ MODELS = {
         "transition_order2": True,
     },
     "role counts": {"role_counts": True},
+    "latest transition count read at the query": {
+        "transition_buckets": 16,
+        "latest_transition_count": True,
+        "latest_transition_at_query": True,
+    },
 }
 
 

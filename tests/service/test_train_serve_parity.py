@@ -137,14 +137,20 @@ def test_batch_visibility_replay_over_http_equals_offline_evaluator(
     assert np.abs(exact - offline).max() > 1e-3
 
 
-@pytest.mark.parametrize("order2", [False, True], ids=["first order", "second order"])
+@pytest.mark.parametrize(
+    ("order2", "at_query"),
+    [(False, False), (True, False), (True, True)],
+    ids=["first order", "second order", "latest read at the query"],
+)
 def test_transition_counts_replay_over_http_equals_offline_evaluator(
-    redis_server, data_dir, tmp_path, order2
+    redis_server, data_dir, tmp_path, order2, at_query
 ):
     """The same invariant for a model with transition counts: each applied event adds
     to its endpoints' records where the other endpoint was just before (and, second
     order, the entry before that), which the service reads from the log's histories in
     Redis and the evaluator from its own walk of the stream (model/transition_counts.py).
+    ``latest read at the query``: each node's newest neighbour's record is read too
+    (named in the node's blob; a second read) for its latest transition count.
     The first 6,000 MOOC events: students moving from course item to course item."""
     from state_store.factory import make_store
     from training.train import train
@@ -158,6 +164,8 @@ def test_transition_counts_replay_over_http_equals_offline_evaluator(
     # raw and decayed counts (the MOOC slice spans about a day, in seconds)
     config = {"d_model": 8, "d_state": 4, "transition_buckets": 32, "transition_decay": 3_600.0}
     config["transition_order2"] = order2
+    if at_query:
+        config.update(latest_transition_count=True, latest_transition_at_query=True)
     version = train(data, ckpt, config, epochs=1, progress=False, test_eval=False)
     offline, queries, _ = offline_scores(ckpt, data, tmp_path)
     served = served_scores(redis_server, ckpt, data, tmp_path, queries, "exact")
@@ -182,3 +190,7 @@ def test_transition_counts_replay_over_http_equals_offline_evaluator(
     if order2:  # ...and the second-order ones, most events having two entries before
         second = lists.transitions.second()  # type: ignore[union-attr]
         assert second.totals().sum() > 0.7 * len(stream)
+    if at_query:  # ...and each names its newest neighbour, a student of the stream
+        students = {str(x) for x in stream.src}
+        newest = StateCodec(loaded.config, version).newest_ids(blobs)
+        assert sum(x in students for x in newest) == len(blobs)

@@ -242,14 +242,24 @@ def test_a_plain_ingest_asks_the_log_nothing(redis_single, data_dir, tmp_path, p
         store.close()
 
 
-def test_the_latest_transition_count_experiment_is_refused_with_a_reason(tmp_path):
-    """``latest_transition_count`` is kept by the trainer and the evaluator only
-    (docs/results/mooc-experiments.md, ninth round): the service's writers cannot keep
-    it yet, so it refuses the checkpoint rather than serve scores that differ."""
+def test_the_latest_transition_count_kept_from_the_event_is_refused_with_a_reason(tmp_path):
+    """``latest_transition_count`` kept from the event is the trainer's and the
+    evaluator's only (docs/results/mooc-experiments.md, ninth round): the service's
+    writers cannot keep it, so it refuses the checkpoint rather than serve scores that
+    differ. Read at the query it is served (tests/service/test_train_serve_parity.py)."""
     path = tmp_path / "ck"
     make_checkpoint(path, seed=0, transition_buckets=16, latest_transition_count=True)
     with pytest.raises(ValueError, match="latest_transition_count"):
         ModelRuntime.load(path)
+    at_query = tmp_path / "at-query"
+    make_checkpoint(
+        at_query,
+        seed=0,
+        transition_buckets=16,
+        latest_transition_count=True,
+        latest_transition_at_query=True,
+    )
+    assert ModelRuntime.load(at_query).codec.keeps_newest_id
     plain = tmp_path / "plain"
     make_checkpoint(plain, seed=0, transition_buckets=16)
     assert ModelRuntime.load(plain).config.transition_buckets == 16
