@@ -82,24 +82,20 @@ def pair_features(
     cnt_v_in_u = v_in_u.sum(1).to(torch.float32)
     cnt_u_in_v = u_in_v.sum(1).to(torch.float32)
 
-    # Common-neighbour mass: for each slot of u, how many valid slots of v hold the
-    # same key; sum_w min(cu[w], cv[w]) = sum over u-slots of min(1, cv[w] / cu[w]).
-    # Slots that are empty or not yet visible get distinct negative keys (real keys are
-    # >= 0), so they match nothing but themselves and the (N, L, L) comparisons need
-    # no masks: one pass each instead of three.
+    # Common-neighbour mass: sum over keys w of min(cu[w], cv[w]), the size of the two
+    # lists' multiset intersection (numpy_scorer's twin counts it as the sum over u-slots
+    # of min(1, cv[w] / cu[w])). Slots that are empty or not yet visible get distinct
+    # negative keys (real keys are >= 0), so they match nothing. With both rows sorted,
+    # the k-th copy of w in u (k from 0) has a partner in v when k < cv[w]: O(N L log L)
+    # instead of (N, L, L) comparisons, 30x less at L = 128.
     len_u = nbr_u.shape[1]
     hidden_u = -2 - torch.arange(len_u, device=nbr_u.device)
     hidden_v = -2 - len_u - torch.arange(nbr_v.shape[1], device=nbr_v.device)
-    mu = torch.where(ok_u, nbr_u, hidden_u)
-    mv = torch.where(ok_v, nbr_v, hidden_v)
-    # (int32 sums of the bool comparisons: a third of the time of the default int64 ones)
-    cv_at_u = (
-        (mu.unsqueeze(2) == mv.unsqueeze(1)).sum(2, dtype=torch.int32).to(torch.float32)
-    )  # cnt_v[w] at each u-slot
-    cu_at_u = (
-        (mu.unsqueeze(2) == mu.unsqueeze(1)).sum(2, dtype=torch.int32).to(torch.float32)
-    )  # >= 1: the slot itself
-    common = (torch.minimum(cv_at_u, cu_at_u) / cu_at_u).mul(okf_u).sum(1)
+    su = torch.where(ok_u, nbr_u, hidden_u).sort(dim=1).values
+    sv = torch.where(ok_v, nbr_v, hidden_v).sort(dim=1).values
+    copy_index = torch.arange(len_u, device=su.device) - torch.searchsorted(su, su)
+    in_v = torch.searchsorted(sv, su, right=True) - torch.searchsorted(sv, su)
+    common = (copy_index < in_v).sum(1, dtype=torch.int32).to(torch.float32)
 
     # Recency of the last u-v interaction seen from either side.
     neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
