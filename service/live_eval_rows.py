@@ -71,13 +71,17 @@ def _counterparts(
     applied: dict[str, Applied],
 ) -> tuple[tuple[list[list[int]] | None, list[list[int]] | None], set[int]]:
     """(previous, previous2) of ``NeighbourLists.extended`` for the rows with events,
-    from every node the apply advanced (``counterparts_before`` with no log), and the
-    rows with an entry it could not know."""
+    from the nodes the apply advanced (``counterparts_before`` with no log), and the
+    rows with an entry it could not know. Only the rows' nodes and their events' other
+    endpoints are decoded: a batch's few samples need those, not every node it touched."""
     cfg = rt.config
     if not cfg.transition_buckets:
         return (None, None), set()
     depth = 2 if cfg.transition_order2 else 1
-    nodes = list(applied)
+    wanted = {names[r] for r in rows}
+    wanted |= {e.src for r in rows for e in snapshots[r][1]}
+    wanted |= {e.dst for r in rows for e in snapshots[r][1]}
+    nodes = [n for n in wanted if n in applied]
     blobs = [applied[n][0] for n in nodes]
     keys = rt.decode(blobs)[1].keys if nodes else torch.empty(0, cfg.neighbour_list_len)
     tails = keys[:, -depth:].tolist()
