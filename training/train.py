@@ -55,7 +55,7 @@ from model.node_state import NodeStates
 from model.pair_features import pair_inputs
 from model.time_encoding import fit_time_normalisation
 
-from .auto_config import AutoSettings, StreamProfile, choose_settings
+from .auto_config import DEFAULT_PATIENCE, AutoSettings, StreamProfile, choose_settings
 from .batches import IndexedStream, NodeEventIndex, PrefixTransitions
 from .data import chronological_split, read_edge_stream
 from .evaluate import SELECTION_NEGATIVES, evaluate_model, validation_metrics
@@ -69,7 +69,6 @@ TRAIN_STATE_DIR = "train_state"
 # Train to convergence: the paper's 100-epoch ceiling, ended by early stopping on the
 # streaming validation AP (the paper's patience is 20; ours is shorter for 2-core budgets).
 DEFAULT_MAX_EPOCHS = 100
-DEFAULT_PATIENCE = 5
 SCAN_CHUNK = 1
 ROW_BUDGET = 4096  # rows x padded length per scan call (bounds memory; rows of similar length)
 

@@ -124,6 +124,47 @@ def test_second_order_transition_counts_where_the_counts_are_decayed() -> None:
     )
 
 
+def test_latest_transition_count_read_at_the_query_on_the_same_streams() -> None:
+    """The latest transition count comes in its servable form (read at the query) where
+    the counts are decayed; snapshot streams, streams without counts and an explicit
+    setting of either field keep it off (or as given)."""
+    src = np.repeat(np.arange(10), 40)
+    dst = 100 + np.tile(np.arange(40), 10)
+    continuous = StreamProfile.of(src, dst, np.arange(400.0))
+    chosen = choose_settings(continuous, {}, None)
+    assert chosen.config["latest_transition_count"] is True
+    assert chosen.config["latest_transition_at_query"] is True
+    assert any("read at the query" in r for r in chosen.reasons)
+    ModelConfig(**chosen.config)  # the combination the rules pick is a valid config
+    snapshots = StreamProfile.of(src, dst, np.repeat([0.0, 1.0], 200))
+    assert "latest_transition_at_query" not in choose_settings(snapshots, {}, None).config
+    for explicit in ({"latest_transition_count": False}, {"latest_transition_at_query": False}):
+        assert (
+            "latest_transition_at_query" not in choose_settings(continuous, explicit, None).config
+        )
+    assert (
+        "latest_transition_count"
+        not in choose_settings(continuous, {"transition_buckets": 0}, None).config
+    )
+
+
+def test_patience_counts_training_events_on_long_streams() -> None:
+    """A long stream stops after fewer epochs without a better validation AP (never under
+    PATIENCE_MIN); short streams keep the default; the snapshot rule and an explicit
+    patience win."""
+    from training.auto_config import DEFAULT_PATIENCE, PATIENCE_EVENTS, PATIENCE_MIN
+
+    def profile(n: int, t: np.ndarray | None = None) -> StreamProfile:
+        src, dst = np.arange(n) % 97, 1000 + np.arange(n) % 89
+        return StreamProfile.of(src, dst, np.arange(float(n)) if t is None else t)
+
+    assert choose_settings(profile(PATIENCE_EVENTS // DEFAULT_PATIENCE), {}, None).patience is None
+    long_stream = choose_settings(profile(PATIENCE_EVENTS // 3 + 1), {}, None)
+    assert long_stream.patience == 3 and any("patience of 3" in r for r in long_stream.reasons)
+    assert choose_settings(profile(PATIENCE_EVENTS), {}, None).patience == PATIENCE_MIN
+    assert choose_settings(profile(PATIENCE_EVENTS), {}, None, explicit_patience=7).patience == 7
+
+
 def test_unipartite_stream_keeps_the_defaults(data_dir) -> None:
     p = _profile(data_dir, "uci")
     assert not p.bipartite

@@ -26,7 +26,13 @@ def _chosen_config(data_dir, name: str, explicit: dict) -> dict:
 COMPANIONS = {
     "identity_match_dim": {"identity_match_depth"},
     "role_counts": {"role_count_unit"},
-    "transition_buckets": {"transition_decay", "transition_order2"},
+    "transition_buckets": {
+        "transition_decay",
+        "transition_order2",
+        "latest_transition_count",
+        "latest_transition_at_query",
+    },
+    "latest_transition_count": {"latest_transition_at_query"},
 }
 
 
@@ -37,6 +43,7 @@ COMPANIONS = {
         ("mooc", "no_transitions", "transition_buckets"),
         ("mooc", "no_transition_decay", "transition_decay"),
         ("mooc", "no_transition_order2", "transition_order2"),
+        ("mooc", "no_latest_transition", "latest_transition_count"),
         ("canparl", "no_role_counts", "role_counts"),
     ],
 )
@@ -57,7 +64,13 @@ def test_a_row_takes_away_only_its_own_lever(data_dir, stream, variant, lever) -
 
 def test_rows_without_anything_to_take_away_are_not_trained(data_dir) -> None:
     uci = _chosen_config(data_dir, "uci", {})
-    rows = ("no_identity_match", "no_transitions", "no_transition_decay", "no_transition_order2")
+    rows = (
+        "no_identity_match",
+        "no_transitions",
+        "no_transition_decay",
+        "no_transition_order2",
+        "no_latest_transition",
+    )
     for variant in (*rows, "no_role_counts"):
         assert not VARIANTS[variant].applies(uci), variant
     for variant in ("state_only", "features_only", "linear_time"):
