@@ -119,7 +119,8 @@ class ModelConfig(BaseModel):
     )
     latest_transition_at_query: bool = Field(
         False,
-        description="EXPERIMENT, with latest_transition_count: read the latest transition"
+        description="with latest_transition_count (the trainer turns both on for bipartite"
+        " streams in continuous time): read the latest transition"
         " count at the query instead of keeping it from the event: the node's newest"
         " neighbour l1's raw transition count at the bucket of the neighbour before it (l2),"
         " from l1's record as it stands when the node is scored. Writers keep only l1's id"
