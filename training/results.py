@@ -905,6 +905,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="which models to train and evaluate",
     )
     ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument(
+        "--no-node-classification",
+        action="store_true",
+        help="link rows only: no heads on the labelled streams' fresh link checkpoints"
+        " (their section is kept as it is; a seed added with --reuse needs none)",
+    )
     ap.add_argument("--reuse", action="store_true", help="skip steps whose outputs already exist")
     ap.add_argument(
         "--render-only",
@@ -955,7 +961,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             _render_all(out_root, kept, Path(args.doc))
     _render_all(out_root, kept, Path(args.doc))
-    if not args.render_only:  # heads on the labelled streams' fresh link checkpoints
+    if not (args.render_only or args.no_node_classification):
+        # heads on the labelled streams' fresh link checkpoints
         node_results.run_from_args(args, [n for n in names if n in node_results.LABELLED])
     node_results.update_doc(Path(args.doc), out_root, kept=kept)
     print(f"wrote {args.doc}")
