@@ -117,3 +117,21 @@ def test_results_rows_replay_with_the_visibility_each_seed_was_trained_with(
     assert ablation["state + pair features (default)"].endswith("| Yesterday's CPU |")
     assert ablation["linear time encoder only (time_encoder=linear)"].endswith(f"| {cpu_name()} |")
     assert "Yesterday's CPU" in doc.read_text().split("## Against")[0]
+
+
+def test_link_seeds_added_to_a_labelled_stream_without_its_heads(data_dir, tmp_path) -> None:
+    """``--no-node-classification``: the link rows of a labelled stream (named ``mooc``
+    here, a prefix of it) are run and rendered, and no head is trained on them (without
+    the switch, ``main`` trains heads there, writing their folder beside the rows)."""
+    with gzip.open(data_dir / "mooc" / "edges.csv.gz", "rt") as f:
+        lines = f.read().splitlines()[:3001]
+    root = tmp_path / "data"
+    (root / "mooc").mkdir(parents=True)
+    with gzip.open(root / "mooc" / "edges.csv.gz", "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    out, doc = tmp_path / "runs", tmp_path / "RESULTS.md"
+    args = ["--data", str(root), "--out", str(out), "--doc", str(doc), "--datasets", "mooc"]
+    args += ["--epochs", "1", "--no-ablation", "--mrr-k", "0", "--no-baselines", "--seeds", "0"]
+    assert main([*args, "--no-node-classification"]) == 0
+    assert (out / "mooc" / "summary.json").exists() and "| MOOC | rnd |" in doc.read_text()
+    assert not (out / "mooc" / "node_classification").exists()
