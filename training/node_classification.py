@@ -13,7 +13,9 @@
    negatives/positives (Wikipedia: 217 positives in 157,474 events), Adam, and early
    stopping on validation AUC-ROC (the best epoch is kept). Unless ``--recent-neighbours``
    fixes it, a head is fitted with and without the embedding of the node's latest
-   neighbour's id (``RECENT_NEIGHBOUR_CHOICES``), and the better on validation is kept.
+   neighbour's id (``RECENT_NEIGHBOUR_CHOICES``), and the one that reads it is kept
+   only if it is better on validation beyond the noise of the validation split
+   (``DEPTH_CHOICE_Z`` standard errors of the paired AUC difference).
 3. The output folder is a full checkpoint: the link checkpoint's files, unchanged
    (same model version, so the service's cached states serve both tasks), plus the
    head (``model.node_head_checkpoint``: safetensors + JSON, its own head version),
@@ -55,15 +57,20 @@ from model.node_head_checkpoint import NODE_METRICS_FILE, save_node_head
 from .batches import IndexedStream
 from .data import chronological_split, read_edge_stream
 from .jsonable import jsonable
-from .metrics import roc_auc
+from .metrics import paired_auc_difference, roc_auc
 from .node_evaluate import head_logits, labels_of, split_masks, split_metrics
 from .node_finetune import FineTuneConfig, fine_tune_link_model
 from .node_replay import collect_source_inputs
 from .node_task import asks_node_task as asks_node_task  # re-exported: tests, callers
 
-# The recent-neighbour depths the trainer tries when none is given (0 first: a tie
-# keeps the smaller head).
+# The recent-neighbour depths the trainer tries when none is given, smallest first.
 RECENT_NEIGHBOUR_CHOICES = (0, 1)
+# A deeper head replaces the one kept so far only when its validation AUC is higher by
+# at least this many standard errors of the paired difference (DeLong, on the same
+# validation events). Wikipedia's validation split holds 17 positives: its depth
+# choices were differences of 0.1-0.2 AUC, within noise, and flipped between head
+# seeds; MOOC's (hundreds of positives) are clear (docs/RESULTS.md).
+DEPTH_CHOICE_Z = 1.0
 
 
 class NodeTrainConfig(BaseModel):
@@ -89,9 +96,9 @@ class NodeTrainConfig(BaseModel):
     event_features: bool = Field(
         False, description="also read the classified event's features (the service then needs them)"
     )
-    # None: the trainer fits a head for each of RECENT_NEIGHBOUR_CHOICES and keeps the
-    # one with the best validation AUC (MOOC: 1, +0.8 validation AUC; Wikipedia: 0,
-    # where it cost 0.8; docs/RESULTS.md). An int fixes it.
+    # None: the trainer fits a head for each of RECENT_NEIGHBOUR_CHOICES and keeps a
+    # deeper one only where validation says it is better beyond its noise
+    # (DEPTH_CHOICE_Z; MOOC: 1, Wikipedia: 0; docs/RESULTS.md). An int fixes it.
     recent_neighbours: int | None = Field(
         None,
         ge=0,
@@ -258,11 +265,25 @@ class FittedHead:
     inputs: ReplayedInputs  # narrowed to what the head reads
     # Best validation AUC of each recent-neighbour depth tried (one entry when fixed).
     choice_val_auc: dict[int, float]
+    # Each deeper depth tried: its validation AUC gain over the depth kept before it
+    # and the gain's standard error (``paired_auc_difference``).
+    choice_gain: dict[int, tuple[float, float]]
+
+
+def beats_beyond_noise(
+    y: np.ndarray, kept: np.ndarray, challenger: np.ndarray
+) -> tuple[bool, tuple[float, float]]:
+    """Whether ``challenger``'s scores beat ``kept``'s in AUC on labels ``y`` by at least
+    ``DEPTH_CHOICE_Z`` standard errors of the paired difference; and (gain, error).
+    No verdict (a class missing) keeps what is kept."""
+    gain, error = paired_auc_difference(y, kept, challenger)
+    return bool(gain > DEPTH_CHOICE_Z * error), (gain, error)
 
 
 def fitted_head(inputs: ReplayedInputs, cfg: NodeTrainConfig, progress: bool = False) -> FittedHead:
-    """One head per recent-neighbour depth in ``cfg``'s choices, each with the same seed;
-    the one with the best validation AUC is kept.
+    """One head per recent-neighbour depth in ``cfg``'s choices, each with the same seed,
+    smallest first; a deeper head replaces the one kept so far only when its validation
+    AUC is higher by ``DEPTH_CHOICE_Z`` standard errors of the paired difference.
 
     The head's shape (width, members, dropout) is ``cfg``'s, whatever the replay was made
     with: the inputs do not depend on it, so one replay serves heads of any shape. The
@@ -274,10 +295,12 @@ def fitted_head(inputs: ReplayedInputs, cfg: NodeTrainConfig, progress: bool = F
         raise ValueError("these inputs were replayed for other head inputs: replay them again")
     shape = {"hidden": cfg.hidden, "members": cfg.members, "dropout": cfg.dropout}
     inputs = replace(inputs, head_config=made.model_copy(update=shape))
+    val = inputs.masks["val"]
     best: FittedHead | None = None
-    best_score = -math.inf
+    best_logits = np.zeros(0)
     scores: dict[int, float] = {}
-    for k in cfg.recent_neighbour_choices:
+    gains: dict[int, tuple[float, float]] = {}
+    for k in sorted(cfg.recent_neighbour_choices):
         torch.manual_seed(cfg.seed)
         candidate = narrowed(inputs, k)
         head = NodeClassifierHead(candidate.head_config)
@@ -286,14 +309,18 @@ def fitted_head(inputs: ReplayedInputs, cfg: NodeTrainConfig, progress: bool = F
             candidate.x,
             candidate.y,
             candidate.masks["train"],
-            candidate.masks["val"],
+            val,
             cfg,
             progress,
         )
         finite = [h["val_auc"] for h in history if math.isfinite(h["val_auc"])]
         scores[k] = max(finite, default=-math.inf)
-        if best is None or scores[k] > best_score:
-            best, best_score = FittedHead(head, history, candidate, scores), scores[k]
+        logits = head_logits(head, candidate.x[val])
+        if best is not None:
+            better, gains[k] = beats_beyond_noise(candidate.y[val], best_logits, logits)
+            if not better:
+                continue
+        best, best_logits = FittedHead(head, history, candidate, scores, gains), logits
     assert best is not None
     return best
 
@@ -321,6 +348,9 @@ def fit_and_save(
         train_config=cfg.model_dump(),
         recent_neighbours=inputs.head_config.recent_neighbours,
         recent_neighbours_val_auc={str(k): v for k, v in fitted.choice_val_auc.items()},
+        recent_neighbours_val_gain={
+            str(k): {"gain": g, "std_error": e} for k, (g, e) in fitted.choice_gain.items()
+        },
         history=history,
         # The kept epoch: the best validation AUC (the last one when there is none).
         best_epoch=int(np.argmax(finite)) if max(finite) > -math.inf else len(history) - 1,
@@ -402,7 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=NodeTrainConfig().recent_neighbours,
         metavar="K",
         help="embed the node's latest K neighbours' hashed ids (0 = none; default: "
-        f"whichever of {RECENT_NEIGHBOUR_CHOICES} gives the best validation AUC)",
+        f"the smallest of {RECENT_NEIGHBOUR_CHOICES} that no deeper one beats on validation "
+        f"AUC by {DEPTH_CHOICE_Z:g} standard error(s))",
     )
     ap.add_argument(
         "--fine-tune",

@@ -45,6 +45,13 @@ GOAL_AUC = {"wikipedia": 0.90, "mooc": 0.81}
 NAMES = {"wikipedia": "Wikipedia (banned editors)", "mooc": "MOOC (drop-out)"}
 
 
+def _gain(g: dict[str, float | None]) -> str:
+    """A validation AUC gain ± its standard error, in points (n/a: no verdict)."""
+    if g["gain"] is None or g["std_error"] is None:
+        return "n/a"
+    return f"{100 * g['gain']:+.2f} ± {100 * g['std_error']:.2f}"
+
+
 def _recent_neighbours_note(runs: list[dict[str, Any]]) -> str:
     """Which recent-neighbour depth each seed's head kept, and the validation AUC of each
     depth tried (heads made before the choice existed say nothing)."""
@@ -58,7 +65,17 @@ def _recent_neighbours_note(runs: list[dict[str, Any]]) -> str:
         for r in runs
     )
     kept = ", ".join(str(r["recent_neighbours"]) for r in runs)
-    return f"; latest neighbours read: {kept} (validation AUC per depth tried: {tried})"
+    gain_note = ""
+    # (heads made before the standard-error rule carry no gains)
+    if all(r.get("recent_neighbours_val_gain") for r in runs):
+        gain_note = (
+            "; gain of each deeper depth over the one kept before it, ± its standard error: "
+            + "; ".join(
+                "/".join(f"{k}: {_gain(g)}" for k, g in r["recent_neighbours_val_gain"].items())
+                for r in runs
+            )
+        )
+    return f"; latest neighbours read: {kept} (validation AUC per depth tried: {tried}{gain_note})"
 
 
 def _head_flags(train_config: dict[str, Any]) -> str:
@@ -114,6 +131,7 @@ def run_node_classification(
                 "best_epoch": trained["best_epoch"],
                 "recent_neighbours": trained["recent_neighbours"],
                 "recent_neighbours_val_auc": trained["recent_neighbours_val_auc"],
+                "recent_neighbours_val_gain": trained["recent_neighbours_val_gain"],
                 "epochs_run": len(trained["history"]),
                 "fit_s": trained["fit_seconds"],
             }
@@ -191,7 +209,8 @@ def render_section(summaries: list[dict[str, Any]]) -> str:
         "before the event (decayed to the event's time and read out, plus its age and event count, "
         "and its recent pace: the mean log-gap between the events of its cached neighbour list; "
         "on MOOC also the event's 4 features; where the head kept it, an embedding of the hashed "
-        "id of its latest neighbour, a depth the trainer chooses on validation AUC), "
+        "id of its latest neighbour, kept only where validation AUC says it helps beyond "
+        "the split's noise: at least one standard error of the paired difference), "
         "then the event is ingested -- the same functions the service's `/v1/classify` runs "
         "(tested equal over HTTP). AUC-ROC over all of a split's events; split chronological "
         "70/15/15 at the time quantiles. The head (5 MLPs averaged by default; the provenance below "

@@ -18,11 +18,13 @@ from training.batches import IndexedStream
 from training.data import read_edge_stream
 from training.metrics import roc_auc
 from training.node_classification import (
+    DEPTH_CHOICE_Z,
     NODE_METRICS_FILE,
     RECENT_NEIGHBOUR_CHOICES,
     NodeTrainConfig,
     ReplayedInputs,
     asks_node_task,
+    beats_beyond_noise,
     fit_head,
     fitted_head,
     train_node_classifier,
@@ -112,6 +114,8 @@ def test_the_trainer_keeps_the_recent_neighbour_depth_with_the_best_validation_a
     by_bucket = fitted_head(replayed(x, (bucket == 3).astype(np.int64), config), cfg)
     assert by_bucket.head.config.recent_neighbours == 1
     assert by_bucket.choice_val_auc[1] > by_bucket.choice_val_auc[0] + 0.2
+    gain, error = by_bucket.choice_gain[1]
+    assert gain > 0.2 and gain > DEPTH_CHOICE_Z * error
     assert by_bucket.inputs.x.shape[1] == 4
     # The head's shape is the config's, not the replay's; other input columns are refused.
     wide = fitted_head(
@@ -122,11 +126,26 @@ def test_the_trainer_keeps_the_recent_neighbour_depth_with_the_best_validation_a
     with pytest.raises(ValueError, match="replay"):
         fitted_head(replayed(x, bucket, config), cfg.model_copy(update={"recent_neighbours": 3}))
     by_numeric = fitted_head(replayed(x, (numeric[:, 0] > 1.5).astype(np.int64), config), cfg)
-    if by_numeric.choice_val_auc[0] >= by_numeric.choice_val_auc[1]:
-        assert by_numeric.head.config.recent_neighbours == 0
-        assert by_numeric.inputs.x.shape[1] == 3  # the bucket column left out
-    else:
-        assert by_numeric.head.config.recent_neighbours == 1
+    assert by_numeric.head.config.recent_neighbours == 0
+    assert by_numeric.inputs.x.shape[1] == 3  # the bucket column left out
+    assert not by_numeric.choice_gain[1][0] > DEPTH_CHOICE_Z * by_numeric.choice_gain[1][1]
+
+
+def test_a_deeper_head_must_beat_the_kept_one_beyond_the_validation_noise():
+    """Few positives: a challenger a little ahead by chance is not taken; one clearly
+    ahead on the same events is."""
+    rng = np.random.default_rng(0)
+    y = (rng.random(3000) < 0.006).astype(np.int64)  # 18 positives, like Wikipedia's 17
+    kept = rng.normal(size=3000) + 2.0 * y
+    ahead_by_chance = kept + rng.normal(size=3000) * 0.3
+    taken, (gain, error) = beats_beyond_noise(y, kept, ahead_by_chance)
+    assert roc_auc(y, ahead_by_chance) > roc_auc(y, kept)  # ahead, within noise
+    assert not taken and 0 < gain < DEPTH_CHOICE_Z * error
+    clearly = kept + 3.0 * y
+    taken, (gain, error) = beats_beyond_noise(y, kept, clearly)
+    assert taken and gain > DEPTH_CHOICE_Z * error
+    # No positives: no verdict, the kept head stays.
+    assert beats_beyond_noise(np.zeros(3000, dtype=np.int64), kept, clearly)[0] is False
 
 
 def test_trainer_writes_a_checkpoint_the_evaluator_reproduces(wiki, tmp_path):
@@ -140,12 +159,14 @@ def test_trainer_writes_a_checkpoint_the_evaluator_reproduces(wiki, tmp_path):
     assert head is not None and head.version == metrics["head_version"]
     saved = json.loads((out / NODE_METRICS_FILE).read_text())
     assert saved["test"]["n_events"] > 0 and len(saved["history"]) <= 3
-    # No depth given: one head per choice, the best validation AUC kept (a tie: the smaller).
-    # (A split without both classes has no AUC: JSON null, and the smallest depth is kept.)
+    # No depth given: one head per choice; the deeper one kept only when it beats the
+    # smaller beyond the validation noise. (A split without both classes has no AUC:
+    # JSON null, no verdict, and the smallest depth is kept.)
     tried = {int(k): v for k, v in saved["recent_neighbours_val_auc"].items()}
     assert sorted(tried) == list(RECENT_NEIGHBOUR_CHOICES)
-    chosen = min(tried, key=lambda k: (-(tried[k] if tried[k] is not None else -1.0), k))
-    assert saved["recent_neighbours"] == head.config.recent_neighbours == chosen
+    gain = saved["recent_neighbours_val_gain"]["1"]
+    deeper = gain["gain"] is not None and gain["gain"] > DEPTH_CHOICE_Z * gain["std_error"]
+    assert saved["recent_neighbours"] == head.config.recent_neighbours == (1 if deeper else 0)
     evaluated = evaluate_node_checkpoint(out, wiki, max_events=N_EVENTS)
     for split in ("val", "test"):
         assert evaluated[split]["n_positives"] == metrics[split]["n_positives"]
@@ -264,3 +285,45 @@ def test_results_rewrites_only_its_section(tmp_path):
     assert update_doc(doc, tmp_path / "later", kept=kept)
     assert "| MOOC (drop-out) | 80.50 ± 0.00 |" in doc.read_text()
     assert not update_doc(doc, tmp_path / "later", names=("wikipedia",))
+
+
+def test_the_provenance_names_each_depth_choice_and_its_gain(tmp_path):
+    """Heads of the standard-error rule say what the deeper depth gained and its error;
+    heads made before it (no gains) still render."""
+    run = {
+        "seed": 0,
+        "epochs_run": 30,
+        "val": {"auc": 0.88, "ap": 0.1},
+        "test": {"auc": 0.9, "ap": 0.2, "n_positives": 30, "n_events": 23000},
+        "recent_neighbours": 0,
+        "recent_neighbours_val_auc": {"0": 0.8810, "1": 0.8825},
+        "recent_neighbours_val_gain": {"1": {"gain": 0.0015, "std_error": 0.004}},
+    }
+    summary = {
+        "dataset": "wikipedia",
+        "base": "runs/wiki-link",
+        "link_model_version": "abc",
+        "link_budget": {"epochs": 2, "train_events": 10, "train_events_total": 10},
+        "train_config": NodeTrainConfig().model_dump(),
+        "runs": [
+            run,
+            {
+                **run,
+                "seed": 1,
+                "recent_neighbours_val_gain": {"1": {"gain": None, "std_error": None}},
+            },
+        ],
+    }
+    folder = tmp_path / "out" / "wikipedia" / "node_classification"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    doc = tmp_path / "RESULTS.md"
+    doc.write_text("# Results\n")
+    assert update_doc(doc, tmp_path / "out")
+    text = doc.read_text()
+    assert "latest neighbours read: 0, 0" in text
+    assert "standard error: 1: +0.15 ± 0.40; 1: n/a)" in text
+    old = {**summary, "runs": [{k: v for k, v in run.items() if k != "recent_neighbours_val_gain"}]}
+    (folder / "summary.json").write_text(json.dumps(old))
+    assert update_doc(doc, tmp_path / "out")
+    assert "gain of each deeper depth" not in doc.read_text()
