@@ -23,19 +23,14 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+from nc_node_history import CFG, DATA, compare  # this folder's probe: the same heads
 
 from model.checkpoint import load_checkpoint
-from model.node_head import NodeClassifierHead
 from training.batches import IndexedStream
 from training.data import read_edge_stream
 from training.metrics import roc_auc
-from training.node_classification import NodeTrainConfig, ReplayedInputs, fit_head, replay_inputs
-from training.node_evaluate import head_logits
+from training.node_classification import replay_inputs
 from training.replay import Queries, replay
-
-DATA = "../shared/data/wikipedia"
-CFG = NodeTrainConfig(recent_neighbours=0)
-SEEDS = (0, 1, 2)
 
 
 def event_logits(base: str) -> np.ndarray:
@@ -72,21 +67,6 @@ def surprise_features(src: np.ndarray, logit: np.ndarray) -> np.ndarray:
     return np.stack([logit.astype(np.float32), mean], axis=1)
 
 
-def fit(inputs: ReplayedInputs, extra: np.ndarray | None, seed: int) -> tuple[float, float]:
-    x = inputs.x if extra is None else np.concatenate([inputs.x, extra], axis=1)
-    width = 0 if extra is None else extra.shape[1]
-    # The extra columns ride where event features would: after the recent pace.
-    config = inputs.head_config.model_copy(update={"event_feature_dim": width})
-    torch.manual_seed(seed)
-    head = NodeClassifierHead(config)
-    cfg = CFG.model_copy(update={"seed": seed})
-    fit_head(head, x, inputs.y, inputs.masks["train"], inputs.masks["val"], cfg, False)
-    logits = head_logits(head, x)
-    return tuple(  # type: ignore[return-value]
-        float(roc_auc(inputs.y[inputs.masks[s]], logits[inputs.masks[s]])) for s in ("val", "test")
-    )
-
-
 def main(base: str, names: list[str]) -> None:
     torch.set_num_threads(1)
     inputs = replay_inputs(DATA, base, CFG)
@@ -103,15 +83,7 @@ def main(base: str, names: list[str]) -> None:
         f"AUC of -logit alone: test {100 * roc_auc(inputs.y[inputs.masks['test']], -logit[inputs.masks['test']]):.2f}",
         flush=True,
     )
-    for name in ["none", *names]:
-        extra = None if name == "none" else feats[name]
-        runs = [fit(inputs, extra, seed) for seed in SEEDS]
-        val, test = (np.array(r) * 100 for r in zip(*runs, strict=True))
-        print(
-            f"{name}: val {val.mean():.2f} ± {val.std():.2f}, test {test.mean():.2f} ± "
-            f"{test.std():.2f} (per head {', '.join(f'{x:.2f}' for x in test)})",
-            flush=True,
-        )
+    compare(inputs, feats, names)
 
 
 if __name__ == "__main__":

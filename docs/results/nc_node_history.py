@@ -76,12 +76,9 @@ def fit(inputs: ReplayedInputs, extra: np.ndarray | None, seed: int) -> tuple[fl
     )
 
 
-def main(base: str, names: list[str]) -> None:
-    inputs = replay_inputs(DATA, base, CFG)
-    inputs = replace(inputs, x=inputs.x[:, : inputs.head_config.input_dim])
-    s = read_edge_stream(DATA + "/edges.csv.gz")
-    feats = history_features(s.src, s.dst, s.t)
-    feats["all"] = np.concatenate(list(feats.values()), axis=1)
+def compare(inputs: ReplayedInputs, feats: dict[str, np.ndarray], names: list[str]) -> None:
+    """The default head with each named input appended (and with none), head seeds
+    ``SEEDS``: validation and test AUC, printed."""
     for name in ["none", *names]:
         extra = None if name == "none" else feats[name]
         runs = [fit(inputs, extra, seed) for seed in SEEDS]
@@ -91,6 +88,15 @@ def main(base: str, names: list[str]) -> None:
             f"{test.std():.2f} (per head {', '.join(f'{x:.2f}' for x in test)})",
             flush=True,
         )
+
+
+def main(base: str, names: list[str]) -> None:
+    inputs = replay_inputs(DATA, base, CFG)
+    inputs = replace(inputs, x=inputs.x[:, : inputs.head_config.input_dim])
+    s = read_edge_stream(DATA + "/edges.csv.gz")
+    feats = history_features(s.src, s.dst, s.t)
+    feats["all"] = np.concatenate(list(feats.values()), axis=1)
+    compare(inputs, feats, names)
 
 
 if __name__ == "__main__":

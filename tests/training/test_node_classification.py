@@ -225,25 +225,33 @@ def test_task_dispatch(tmp_path):
     assert not evaluate.wants_node_evaluation(["--checkpoint", str(tmp_path), "--task", "link"])
 
 
-def test_results_rewrites_only_its_section(tmp_path):
-    doc = tmp_path / "RESULTS.md"
-    doc.write_text("# Results\n\nlink tables\n")
-    summary = {
+def head_run(seed: int, test_auc: float, **more) -> dict:
+    """One head's entry of a node-classification summary."""
+    return {
+        "seed": seed,
+        "epochs_run": 30,
+        "val": {"auc": 0.9, "ap": 0.1},
+        "test": {"auc": test_auc, "ap": 0.2, "n_positives": 30, "n_events": 23000},
+        **more,
+    }
+
+
+def nc_summary(runs: list[dict]) -> dict:
+    """A Wikipedia node-classification summary with these heads."""
+    return {
         "dataset": "wikipedia",
         "base": "runs/wiki-link",
         "link_model_version": "abc",
         "link_budget": {"epochs": 2, "train_events": 10, "train_events_total": 10},
         "train_config": NodeTrainConfig().model_dump(),
-        "runs": [
-            {
-                "seed": s,
-                "epochs_run": 30,
-                "val": {"auc": 0.9, "ap": 0.1},
-                "test": {"auc": auc, "ap": 0.2, "n_positives": 30, "n_events": 23000},
-            }
-            for s, auc in ((0, 0.91), (1, 0.93))
-        ],
+        "runs": runs,
     }
+
+
+def test_results_rewrites_only_its_section(tmp_path):
+    doc = tmp_path / "RESULTS.md"
+    doc.write_text("# Results\n\nlink tables\n")
+    summary = nc_summary([head_run(0, 0.91), head_run(1, 0.93)])
     folder = tmp_path / "out" / "wikipedia" / "node_classification"
     folder.mkdir(parents=True)
     (folder / "summary.json").write_text(json.dumps(summary))
@@ -290,30 +298,12 @@ def test_results_rewrites_only_its_section(tmp_path):
 def test_the_provenance_names_each_depth_choice_and_its_gain(tmp_path):
     """Heads of the standard-error rule say what the deeper depth gained and its error;
     heads made before it (no gains) still render."""
-    run = {
-        "seed": 0,
-        "epochs_run": 30,
-        "val": {"auc": 0.88, "ap": 0.1},
-        "test": {"auc": 0.9, "ap": 0.2, "n_positives": 30, "n_events": 23000},
-        "recent_neighbours": 0,
-        "recent_neighbours_val_auc": {"0": 0.8810, "1": 0.8825},
-        "recent_neighbours_val_gain": {"1": {"gain": 0.0015, "std_error": 0.004}},
-    }
-    summary = {
-        "dataset": "wikipedia",
-        "base": "runs/wiki-link",
-        "link_model_version": "abc",
-        "link_budget": {"epochs": 2, "train_events": 10, "train_events_total": 10},
-        "train_config": NodeTrainConfig().model_dump(),
-        "runs": [
-            run,
-            {
-                **run,
-                "seed": 1,
-                "recent_neighbours_val_gain": {"1": {"gain": None, "std_error": None}},
-            },
-        ],
-    }
+    choice = {"recent_neighbours": 0, "recent_neighbours_val_auc": {"0": 0.8810, "1": 0.8825}}
+    run = head_run(
+        0, 0.9, **choice, recent_neighbours_val_gain={"1": {"gain": 0.0015, "std_error": 0.004}}
+    )
+    no_verdict = {"1": {"gain": None, "std_error": None}}
+    summary = nc_summary([run, head_run(1, 0.9, **choice, recent_neighbours_val_gain=no_verdict)])
     folder = tmp_path / "out" / "wikipedia" / "node_classification"
     folder.mkdir(parents=True)
     (folder / "summary.json").write_text(json.dumps(summary))
@@ -323,7 +313,7 @@ def test_the_provenance_names_each_depth_choice_and_its_gain(tmp_path):
     text = doc.read_text()
     assert "latest neighbours read: 0, 0" in text
     assert "standard error: 1: +0.15 ± 0.40; 1: n/a)" in text
-    old = {**summary, "runs": [{k: v for k, v in run.items() if k != "recent_neighbours_val_gain"}]}
+    old = nc_summary([head_run(0, 0.9, **choice)])
     (folder / "summary.json").write_text(json.dumps(old))
     assert update_doc(doc, tmp_path / "out")
     assert "gain of each deeper depth" not in doc.read_text()
