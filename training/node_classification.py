@@ -68,8 +68,8 @@ RECENT_NEIGHBOUR_CHOICES = (0, 1)
 # A deeper head replaces the one kept so far only when its validation AUC is higher by
 # at least this many standard errors of the paired difference (DeLong, on the same
 # validation events). Wikipedia's validation split holds 17 positives: its depth
-# choices were differences of 0.1-0.2 AUC, within noise, and flipped between head
-# seeds; MOOC's (hundreds of positives) are clear (docs/RESULTS.md).
+# choices were differences of 0.1-0.2 AUC against errors of 1-2 points, and flipped
+# between head seeds; MOOC's 510 give errors of 0.4-0.5 (docs/RESULTS.md).
 DEPTH_CHOICE_Z = 1.0
 
 

@@ -27,16 +27,16 @@ from nc_node_history import CFG, DATA, compare  # this folder's probe: the same 
 
 from model.checkpoint import load_checkpoint
 from training.batches import IndexedStream
-from training.data import read_edge_stream
+from training.data import EdgeStream, read_edge_stream
 from training.metrics import roc_auc
 from training.node_classification import replay_inputs
 from training.replay import Queries, replay
 
 
-def event_logits(base: str) -> np.ndarray:
+def event_logits(base: str, stream: EdgeStream) -> np.ndarray:
     """Each event's link logit from the states before it (the stream's own order)."""
     ckpt = load_checkpoint(base)
-    data = IndexedStream.build(read_edge_stream(DATA))
+    data = IndexedStream.build(stream)
     n = len(data)
     ev = np.arange(n, dtype=np.int64)
     q = Queries(
@@ -71,8 +71,8 @@ def main(base: str, names: list[str]) -> None:
     torch.set_num_threads(1)
     inputs = replay_inputs(DATA, base, CFG)
     inputs = replace(inputs, x=inputs.x[:, : inputs.head_config.input_dim])
-    logit = event_logits(base)
-    s = read_edge_stream(DATA + "/edges.csv.gz")
+    s = read_edge_stream(DATA)
+    logit = event_logits(base, s)
     feats = {
         "logit": logit.astype(np.float32)[:, None],
         "surprise": surprise_features(s.src, logit),
