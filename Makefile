@@ -49,7 +49,8 @@ results: $(STAMP)
 	$(BIN)/python -m training.results --data $(DATA) --out runs/results --doc docs/RESULTS.md $(RESULTS_ARGS)
 
 ## Only the node-classification section of docs/RESULTS.md (heads on runs/results/<name>/full,
-## or on the link checkpoints named in NC_ARGS, e.g. NC_ARGS="--nc-base wikipedia=runs/wiki-link").
+## or on the link checkpoints named in NC_ARGS, e.g. NC_ARGS="--nc-base wikipedia=runs/wiki-link";
+## several link seeds, every head seed on each: "--nc-base wikipedia=runs/a,runs/b --nc-seeds 0,1,2").
 results-node-classification: $(STAMP)
 	$(BIN)/python -m training.results --node-classification --data $(DATA) --out runs/results --doc docs/RESULTS.md $(NC_ARGS)
 

@@ -1,5 +1,9 @@
-"""The node-classification section of docs/RESULTS.md: train a head on each labelled
-stream's link checkpoint, evaluate it, and write our AUC beside the published ones.
+"""The node-classification section of docs/RESULTS.md: train heads on each labelled
+stream's link checkpoint(s), evaluate them, and write our AUC beside the published ones.
+
+A row's mean runs over every head: each head seed (``--nc-seeds``) on each link
+checkpoint named for the stream (``--nc-base NAME=A,B,C``, e.g. three link seeds), so
+that the link model's own seed-to-seed variance is in the figure, not only the head's.
 
 Run by ``python -m training.results`` (``make results``) after the link results, or
 alone with ``--node-classification`` (only this section is rewritten; the rest of the
@@ -92,60 +96,14 @@ def _log(msg: str) -> None:
     print(f"[{datetime.now().strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def run_node_classification(
-    name: str,
-    data_root: Path,
-    out_root: Path,
-    base: Path,
-    seeds: tuple[int, ...] = (0,),
-    reuse: bool = False,
-    kept: Path | None = None,
-) -> dict[str, Any]:
-    """Train one head per seed on ``base`` (a link checkpoint), evaluate, summarise.
-
-    The frozen link model's inputs do not depend on the seed, so one replay feeds every
-    seed's head; the first seed's checkpoint then goes through the evaluator
-    (``dygserve evaluate``: its own replay), whose AUC must be the trainer's.
-    """
-    out = out_root / name / "node_classification"
-    summary_path = out / "summary.json"
-    if reuse and summary_path.exists():
-        return json.loads(summary_path.read_text())
-    data = data_root / name / "edges.csv.gz"
+def _link_entry(base: Path) -> dict[str, Any]:
+    """What a summary says of one link checkpoint: where it is, its version, its budget
+    and seed (the command that remakes it), and what it was fine-tuned from."""
     link = load_checkpoint(base)
-    cfg = NodeTrainConfig(**HEAD_SETTINGS.get(name, {}))
-    _log(f"{name}: causal replay of the stream with link model {link.version}")
-    inputs = replay_inputs(data, base, cfg)
-    runs = []
-    for seed in seeds:
-        _log(f"{name}: node head, seed {seed}")
-        trained = fit_and_save(
-            inputs, out / f"checkpoint-seed{seed}", cfg.model_copy(update={"seed": seed})
-        )
-        runs.append(
-            {
-                "seed": seed,
-                "val": trained["val"],
-                "test": trained["test"],
-                "head_version": trained["head_version"],
-                "best_epoch": trained["best_epoch"],
-                "recent_neighbours": trained["recent_neighbours"],
-                "recent_neighbours_val_auc": trained["recent_neighbours_val_auc"],
-                "recent_neighbours_val_gain": trained["recent_neighbours_val_gain"],
-                "epochs_run": len(trained["history"]),
-                "fit_s": trained["fit_seconds"],
-            }
-        )
-    _log(f"{name}: evaluating seed {seeds[0]}'s checkpoint (dygserve evaluate: its own replay)")
-    evaluated = evaluate_node_checkpoint(out / f"checkpoint-seed{seeds[0]}", data)
-    (out / f"eval-seed{seeds[0]}").mkdir(parents=True, exist_ok=True)
-    (out / f"eval-seed{seeds[0]}" / "metrics.json").write_text(
-        json.dumps(jsonable(evaluated), indent=2, sort_keys=True) + "\n"
-    )
-    summary = {
-        "dataset": name,
+    return {
         "base": str(base),
         "link_model_version": link.version,
+        "link_seed": link.metrics.get("seed"),
         # A base that came out of --fine-tune: the link model it was fine-tuned from.
         "link_fine_tuned_from": link.metrics.get("fine_tuned_from"),
         "link_budget": {
@@ -154,10 +112,84 @@ def run_node_classification(
             "train_events_total": link.metrics.get("train_events_total"),
             "best_epoch": link.metrics.get("best_epoch"),
         },
+    }
+
+
+def summary_links(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The link checkpoints a summary's heads were trained on; summaries made before
+    several could be named carry the one at their top level."""
+    if summary.get("links"):
+        return list(summary["links"])
+    fields = ("base", "link_model_version", "link_fine_tuned_from", "link_budget")
+    return [{f: summary.get(f) for f in fields}]
+
+
+def run_node_classification(
+    name: str,
+    data_root: Path,
+    out_root: Path,
+    bases: list[Path],
+    seeds: tuple[int, ...] = (0,),
+    reuse: bool = False,
+    kept: Path | None = None,
+) -> dict[str, Any]:
+    """Train one head per seed on each of ``bases`` (link checkpoints: several link seeds
+    make the row's mean cover the link model's own variance too), evaluate, summarise.
+
+    The frozen link model's inputs do not depend on the head seed, so one replay per link
+    checkpoint feeds every seed's head; the first head then goes through the evaluator
+    (``dygserve evaluate``: its own replay), whose AUC must be the trainer's.
+    """
+    out = out_root / name / "node_classification"
+    summary_path = out / "summary.json"
+    if reuse and summary_path.exists():
+        return json.loads(summary_path.read_text())
+    data = data_root / name / "edges.csv.gz"
+    cfg = NodeTrainConfig(**HEAD_SETTINGS.get(name, {}))
+    links, runs, replay_s = [], [], []
+    for index, base in enumerate(bases):
+        links.append(_link_entry(base))
+        _log(
+            f"{name}: causal replay of the stream with link model {links[-1]['link_model_version']}"
+        )
+        inputs = replay_inputs(data, base, cfg)
+        replay_s.append(inputs.replay_seconds)
+        for seed in seeds:
+            _log(f"{name}: node head, link {index}, seed {seed}")
+            trained = fit_and_save(
+                inputs, out / head_dir(index, seed), cfg.model_copy(update={"seed": seed})
+            )
+            runs.append(
+                {
+                    "seed": seed,
+                    "link": index,
+                    "val": trained["val"],
+                    "test": trained["test"],
+                    "head_version": trained["head_version"],
+                    "best_epoch": trained["best_epoch"],
+                    "recent_neighbours": trained["recent_neighbours"],
+                    "recent_neighbours_val_auc": trained["recent_neighbours_val_auc"],
+                    "recent_neighbours_val_gain": trained["recent_neighbours_val_gain"],
+                    "epochs_run": len(trained["history"]),
+                    "fit_s": trained["fit_seconds"],
+                }
+            )
+    _log(f"{name}: evaluating the first head (dygserve evaluate: its own replay)")
+    first = out / head_dir(0, seeds[0])
+    evaluated = evaluate_node_checkpoint(first, data)
+    (out / f"eval-seed{seeds[0]}").mkdir(parents=True, exist_ok=True)
+    (out / f"eval-seed{seeds[0]}" / "metrics.json").write_text(
+        json.dumps(jsonable(evaluated), indent=2, sort_keys=True) + "\n"
+    )
+    summary = {
+        "dataset": name,
+        # the first link's fields at the top level, as summaries with one link had them
+        **{k: v for k, v in links[0].items() if k != "link_seed"},
+        "links": links,
         "train_config": cfg.model_dump(),
         "runs": runs,
         "evaluator": {"seed": seeds[0], "val": evaluated["val"], "test": evaluated["test"]},
-        "replay_s": inputs.replay_seconds,
+        "replay_s": sum(replay_s),
         "evaluator_replay_s": evaluated["replay_seconds"],
         "finished": datetime.now(UTC).isoformat(timespec="seconds"),
     }
@@ -168,6 +200,14 @@ def run_node_classification(
         kept_summary_path(kept, name).parent.mkdir(parents=True, exist_ok=True)
         kept_summary_path(kept, name).write_text(text)
     return summary
+
+
+def head_dir(link_index: int, seed: int) -> str:
+    """A head's checkpoint folder under the stream's output (the first link's heads keep
+    the names they had when there was one link)."""
+    return (
+        f"checkpoint-seed{seed}" if link_index == 0 else f"checkpoint-link{link_index}-seed{seed}"
+    )
 
 
 def kept_summaries_dir(args: argparse.Namespace) -> Path:
@@ -198,6 +238,57 @@ def _pct(x: Any) -> str:
     return "–" if x is None else f"{100 * float(x):.2f}"
 
 
+def _link_note(link: dict[str, Any]) -> str:
+    """One link model in the provenance: version, budget, seed, and where it came from."""
+    b = link.get("link_budget") or {}
+    events = ""
+    if b.get("train_events") and b.get("train_events_total"):
+        events = (
+            f", trained on {b['train_events']:,} of {b['train_events_total']:,} training events"
+        )
+    seed = f", seed {link['link_seed']}" if link.get("link_seed") is not None else ""
+    tuned = link.get("link_fine_tuned_from")
+    tuned_note = f", fine-tuned through a head from `{tuned}` (`--fine-tune`)" if tuned else ""
+    return (
+        f"`{link['link_model_version']}` ({b.get('epochs')} epoch(s){events}{seed}{tuned_note}"
+        f"; `{link['base']}`)"
+    )
+
+
+def _per_head_auc(runs: list[dict[str, Any]], links: list[dict[str, Any]]) -> str:
+    """Each head's test AUC, grouped by link model where there are several."""
+    if len(links) == 1:
+        return ", ".join(_pct(r["test"]["auc"]) for r in runs)
+    return "; ".join(
+        f"`{link['link_model_version']}`: "
+        + ", ".join(_pct(r["test"]["auc"]) for r in runs if r.get("link", 0) == index)
+        for index, link in enumerate(links)
+    )
+
+
+def _link_commands(w: Any, s: dict[str, Any], index: int, link: dict[str, Any]) -> None:
+    """The commands that remake one link checkpoint of a summary."""
+    b = link.get("link_budget") or {}
+    data = f"../shared/data/{s['dataset']}"
+    seed = f" --seed {link['link_seed']}" if link.get("link_seed") is not None else ""
+    tuned = link.get("link_fine_tuned_from")
+    if not tuned:
+        w(
+            f"python -m training.train --data {data} --out {link['base']}"
+            f" --epochs {b.get('epochs')}{seed}"
+        )
+        return
+    # A fine-tuned base: the link model first, then --fine-tune through a head.
+    source = f"runs/{s['dataset']}-link" + (str(index) if index else "")
+    flags = _head_flags(s["train_config"])
+    w(f"python -m training.train --data {data} --out {source} --epochs {b.get('epochs')}{seed}")
+    w(
+        f"dygserve train --task node-classification --data {data} --base {source} "
+        f"--out {link['base']} --fine-tune{flags}   # link model {tuned} -> "
+        f"{link['link_model_version']}"
+    )
+
+
 def render_section(summaries: list[dict[str, Any]]) -> str:
     L: list[str] = [BEGIN, "## Dynamic node classification (test AUC-ROC)\n"]
     w = L.append
@@ -217,46 +308,46 @@ def render_section(summaries: list[dict[str, Any]]) -> str:
         "gives each row's count) is trained on the training "
         "split's events with the link model frozen, BCE weighted by negatives/positives, early "
         "stopping on validation AUC. A seed is one whole head (its 5 members' initialisations "
-        "and its batch order); the link model is one seed.\n"
+        "and its batch order); a row's mean runs over every head, its seeds on each of the "
+        "row's link models (several link seeds where the provenance lists several).\n"
     )
     w(
-        "Ours is the mean ± standard deviation over the head seeds, **bold** where the mean "
+        "Ours is the mean ± standard deviation over the heads, **bold** where the mean "
         "reaches the goal; each head's test AUC is in the provenance below.\n"
     )
-    w("| stream | ours: test AUC | val AUC | test AP | seeds | published test AUC | goal |")
+    w("| stream | ours: test AUC | val AUC | test AP | heads | published test AUC | goal |")
     w("| --- | ---: | ---: | ---: | ---: | --- | --- |")
     for s in summaries:
         runs = s["runs"]
+        links = summary_links(s)
         published = ", ".join(f"{k} {v}" for k, v in PUBLISHED.get(s["dataset"], {}).items())
         ours = _mean_std([r["test"]["auc"] for r in runs])
         goal = GOAL_AUC.get(s["dataset"])
         # bold where the mean reaches the goal, as in the link tables
         met = goal is not None and sum(r["test"]["auc"] for r in runs) / len(runs) >= goal
+        heads = str(len(runs))
+        if len(links) > 1:
+            per_link = len(runs) // len(links)
+            heads += f" ({len(links)} links × {per_link} seed{'s' if per_link > 1 else ''})"
         w(
             f"| {NAMES.get(s['dataset'], s['dataset'])} "
             f"| {f'**{ours}**' if met else ours} "
             f"| {_mean_std([r['val']['auc'] for r in runs])} "
             f"| {_mean_std([r['test']['ap'] for r in runs])} "
-            f"| {len(runs)} | {published} | {f'≥ {100 * goal:.0f}' if goal else ''} |"
+            f"| {heads} | {published} | {f'≥ {100 * goal:.0f}' if goal else ''} |"
         )
     w("")
     w("Budgets and provenance (our rows):\n")
     for s in summaries:
-        b = s.get("link_budget", {})
-        events = ""
-        if b.get("train_events") and b.get("train_events_total"):
-            events = (
-                f", trained on {b['train_events']:,} of {b['train_events_total']:,} training events"
-            )
         runs = s["runs"]
-        tuned = s.get("link_fine_tuned_from")
-        tuned_note = f", fine-tuned through a head from `{tuned}` (`--fine-tune`)" if tuned else ""
+        links = summary_links(s)
         w(
-            f"- {NAMES.get(s['dataset'], s['dataset'])}: link model `{s['link_model_version']}` "
-            f"({b.get('epochs')} epoch(s){events}{tuned_note}; `{s['base']}`); head: up to "
+            f"- {NAMES.get(s['dataset'], s['dataset'])}: "
+            f"{'link model' if len(links) == 1 else 'link models'} "
+            f"{', '.join(_link_note(link) for link in links)}; head: up to "
             f"{s['train_config']['epochs']} epochs, patience {s['train_config']['patience']}, "
             f"stopped after {', '.join(str(r['epochs_run']) for r in runs)}"
-            f"; test AUC per head {', '.join(_pct(r['test']['auc']) for r in runs)}"
+            f"; test AUC per head {_per_head_auc(runs, links)}"
             f"{'; reads the event features' if s['train_config'].get('event_features') else ''}"
             f"; {s['train_config'].get('members', 1)} member(s)"
             f"{_recent_neighbours_note(runs)}; "
@@ -267,33 +358,22 @@ def render_section(summaries: list[dict[str, Any]]) -> str:
         ev = s.get("evaluator")
         if ev:
             w(
-                f"- {NAMES.get(s['dataset'], s['dataset'])}: `dygserve evaluate` on seed {ev['seed']}'s "
-                f"checkpoint (its own replay, {s.get('evaluator_replay_s', 0):.0f} s): val AUC "
+                f"- {NAMES.get(s['dataset'], s['dataset'])}: `dygserve evaluate` on the first link "
+                f"model's seed-{ev['seed']} head (its own replay, "
+                f"{s.get('evaluator_replay_s', 0):.0f} s): val AUC "
                 f"{_pct(ev['val']['auc'])}, test AUC {_pct(ev['test']['auc'])}, test AP {_pct(ev['test']['ap'])}."
             )
     w("")
     w("Commands (the link checkpoints first, then the heads and this section):\n")
     w("```bash")
     for s in summaries:
-        b = s.get("link_budget", {})
-        data = f"../shared/data/{s['dataset']}"
-        tuned = s.get("link_fine_tuned_from")
-        if not tuned:
-            w(
-                f"python -m training.train --data {data} --out {s['base']} --epochs {b.get('epochs')}"
-            )
-            continue
-        # A fine-tuned base: the link model first, then --fine-tune through a head.
-        link = f"runs/{s['dataset']}-link"
-        flags = _head_flags(s["train_config"])
-        w(f"python -m training.train --data {data} --out {link} --epochs {b.get('epochs')}")
-        w(
-            f"dygserve train --task node-classification --data {data} --base {link} "
-            f"--out {s['base']} --fine-tune{flags}   # link model {tuned} -> "
-            f"{s['link_model_version']}"
-        )
-    bases = " ".join(f"--nc-base {s['dataset']}={s['base']}" for s in summaries)
-    seeds = ",".join(str(r["seed"]) for r in summaries[0]["runs"]) if summaries else "0"
+        for index, link in enumerate(summary_links(s)):
+            _link_commands(w, s, index, link)
+    bases = " ".join(
+        f"--nc-base {s['dataset']}={','.join(link['base'] for link in summary_links(s))}"
+        for s in summaries
+    )
+    seeds = ",".join(sorted({str(r["seed"]) for r in summaries[0]["runs"]})) if summaries else "0"
     w(
         f"python -m training.results --node-classification --datasets "
         f"{','.join(s['dataset'] for s in summaries)} {bases} --nc-seeds {seeds}"
@@ -303,12 +383,13 @@ def render_section(summaries: list[dict[str, Any]]) -> str:
         # here went stale when the bases were renamed), with that stream's head flags.
         first = summaries[0]
         data = f"../shared/data/{first['dataset']}"
-        head = f"{first['base']}-nc"
+        base = summary_links(first)[0]["base"]
+        head = f"{base}-nc"
         flags = _head_flags(first["train_config"])
         w("# one head by hand, and its evaluation:")
         w(
             f"dygserve train --task node-classification --data {data} "
-            f"--base {first['base']} --out {head}{flags}"
+            f"--base {base} --out {head}{flags}"
         )
         w(f"dygserve evaluate --checkpoint {head} --data {data} --out {head}-eval")
     w("```\n")
@@ -361,8 +442,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "--nc-base",
         action="append",
         default=[],
-        metavar="NAME=LINK_CHECKPOINT",
-        help="the link checkpoint a head is trained on (default OUT/NAME/full)",
+        metavar="NAME=LINK_CHECKPOINT[,LINK_CHECKPOINT...]",
+        help="the link checkpoint(s) the heads are trained on (default OUT/NAME/full); "
+        "several (e.g. link seeds) put every head on each in the row's mean",
     )
     ap.add_argument("--nc-seeds", default="0", help="head seeds, e.g. 0,1,2")
 
@@ -371,15 +453,19 @@ def run_from_args(args: argparse.Namespace, names: list[str] | None = None) -> i
     out_root = Path(args.out)
     if names is None:
         names = [n for n in args.datasets.split(",") if n in LABELLED]
-    bases = dict(item.split("=", 1) for item in args.nc_base)
+    named = dict(item.split("=", 1) for item in args.nc_base)
     seeds = tuple(int(s) for s in args.nc_seeds.split(",") if s)
     kept = kept_summaries_dir(args)
     for name in names:
-        base = Path(bases.get(name, out_root / name / "full"))
-        if not (base / "config.json").exists():
-            _log(f"{name}: no link checkpoint at {base}; skipped (train it, or pass --nc-base)")
+        bases = [Path(b) for b in named.get(name, str(out_root / name / "full")).split(",") if b]
+        missing = [b for b in bases if not (b / "config.json").exists()]
+        if missing:
+            _log(
+                f"{name}: no link checkpoint at {', '.join(map(str, missing))}; skipped"
+                " (train it, or pass --nc-base)"
+            )
             continue
-        run_node_classification(name, Path(args.data), out_root, base, seeds, args.reuse, kept)
+        run_node_classification(name, Path(args.data), out_root, bases, seeds, args.reuse, kept)
     if update_doc(Path(args.doc), out_root, kept=kept):
         print(f"wrote the node-classification section of {args.doc}")
     return 0

@@ -6,7 +6,7 @@
         [--no-baselines] [--mrr-k K]
         [--reuse] [--render-only]
     python -m training.results --node-classification [--datasets wikipedia,mooc]
-        [--nc-base NAME=LINK_CHECKPOINT ...] [--nc-seeds 0,1,2]
+        [--nc-base NAME=LINK_CHECKPOINT[,LINK_CHECKPOINT...] ...] [--nc-seeds 0,1,2]
 
 Per dataset (folder ``OUT/<name>/``):
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -34,6 +35,8 @@ from training.node_finetune import FineTuneConfig
 from training.node_replay import collect_source_inputs
 from training.node_results import BEGIN, END, update_doc
 from training.replay import StreamReplay
+from training.results import main as results_main
+from training.train import main as train_main
 
 N_EVENTS = 3000
 
@@ -317,3 +320,46 @@ def test_the_provenance_names_each_depth_choice_and_its_gain(tmp_path):
     (folder / "summary.json").write_text(json.dumps(old))
     assert update_doc(doc, tmp_path / "out")
     assert "gain of each deeper depth" not in doc.read_text()
+
+
+def test_heads_on_several_link_models_share_one_row(wiki, tmp_path):
+    """``--nc-base NAME=A,B``: every head seed on each link checkpoint (link seeds), all
+    heads in the row's mean, and commands that remake each link model with its seed."""
+    root = tmp_path / "data"
+    (root / "wikipedia").mkdir(parents=True)
+    with gzip.open(wiki, "rt") as f:
+        lines = f.read().splitlines()[: N_EVENTS + 1]
+    with gzip.open(root / "wikipedia" / "edges.csv.gz", "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    second = tmp_path / "link-seed1"
+    common = ["--threads", "1", "--no-progress"]
+    assert (
+        train_main(
+            ["--data", str(root / "wikipedia"), "--out", str(second), "--epochs", "1"]
+            + ["--seed", "1", *common]
+        )
+        == 0
+    )
+    out, doc = tmp_path / "runs", tmp_path / "RESULTS.md"
+    argv = ["--node-classification", "--data", str(root), "--out", str(out), "--doc", str(doc)]
+    argv += ["--datasets", "wikipedia", "--nc-base", f"wikipedia={DEFAULT_CHECKPOINT},{second}"]
+    assert results_main([*argv, "--nc-seeds", "0", "--threads", "1"]) == 0
+    folder = out / "wikipedia" / "node_classification"
+    summary = json.loads((folder / "summary.json").read_text())
+    versions = [load_checkpoint(DEFAULT_CHECKPOINT).version, load_checkpoint(second).version]
+    assert [link["link_model_version"] for link in summary["links"]] == versions
+    assert summary["links"][1]["link_seed"] == 1
+    assert [(r["link"], r["seed"]) for r in summary["runs"]] == [(0, 0), (1, 0)]
+    # Each head is saved beside its own link model's files, and reads that model's states.
+    for index, name in enumerate(("checkpoint-seed0", "checkpoint-link1-seed0")):
+        assert load_checkpoint(folder / name).version == versions[index]
+        head = load_node_head(folder / name, versions[index])
+        assert head is not None and head.version == summary["runs"][index]["head_version"]
+    text = doc.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| Wikipedia"))
+    aucs = [r["test"]["auc"] for r in summary["runs"] if r["test"]["auc"] is not None]
+    assert "| 2 (2 links × 1 seed) |" in row
+    assert row.split(" | ")[1].strip("*").startswith(f"{100 * sum(aucs) / len(aucs):.2f}")
+    assert f"--nc-base wikipedia={DEFAULT_CHECKPOINT},{second} --nc-seeds 0" in text
+    assert f"--out {second} --epochs 1 --seed 1\n" in text
+    assert f"`{versions[1]}`: " in text  # per-head AUCs grouped by link model
