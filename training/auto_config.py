@@ -8,17 +8,17 @@ checkpoint's ``metrics.json`` (``auto``). A setting given explicitly (``--set``,
 
 Rules:
 
-* **Identity match on a bipartite stream with a small item side.** When sources and
+* **Lists of 128 on a bipartite stream with a small item side.** When sources and
   destinations never share an id and the destination side has at most
-  ``ITEM_SIDE_MAX`` distinct ids (courses, pages, products), which item follows a
-  source's previous ones is a learnable table: the match of v's hashed id against u's
-  latest neighbours (``identity_match_dim`` 128, depth 3, lists of 128; see
-  ``docs/results/mooc-experiments.md``). With more items than hash buckets the rows
-  would be shared and the table meaningless, so the side must also fit in the buckets.
-  And each item needs enough training events (``MATCH_EVENTS_PER_ITEM_MIN``) for its
-  row to be learned rather than memorised: below that the stream keeps the lists of 128
-  without the match (Wikipedia, 3 seeds: docs/results/current-defaults.md, "The
-  identity match").
+  ``ITEM_SIDE_MAX`` distinct ids (courses, pages, products), each node keeps its latest
+  128 neighbours instead of 32: a source revisits the same few items, and the
+  co-occurrence features read further back. The identity match (the match of v's
+  hashed id against u's latest neighbours, ``identity_match_dim``) is no longer chosen
+  on any stream: with the transition counts its table only memorises which item
+  follows which, and without it validation and test AP are as high or higher on both
+  streams that have this shape (Wikipedia and MOOC, 3 seeds each:
+  docs/results/current-defaults.md, "The identity match"). It stays a setting
+  (``--set identity_match_dim=128``).
 * **Transition counts on a bipartite stream.** When sources and destinations never
   share an id, each node also keeps a hashed count of where its counterparts had been
   just before (``transition_buckets``, ``TRANSITION_BUCKETS``; ``model/transition_counts.py``):
@@ -127,11 +127,6 @@ import numpy as np
 from model.config import ModelConfig
 
 ITEM_SIDE_MAX = 1024  # destinations of a "small item side"; also <= the default hash buckets
-# Training events per destination below which the identity match over-fits: Wikipedia
-# (~100 a page) kept its first epoch with it and scored lower than without it on
-# validation and test; MOOC (~2,600 a course item) needs it. Two streams, so the
-# threshold sits between them (docs/results/current-defaults.md, "The identity match").
-MATCH_EVENTS_PER_ITEM_MIN = 500
 # Share of historical training negatives (docs/results/negatives-experiments.md).
 HISTORICAL_SHARE = 0.1
 SNAPSHOT_GROUP_MIN = 200  # a timestamp group at least one training batch long is a snapshot
@@ -228,27 +223,13 @@ def choose_settings(
     """The rules above, skipping any setting the caller gave explicitly."""
     auto = AutoSettings(select_on=explicit_select_on or "random", patience=explicit_patience)
     buckets = int(explicit_config.get("node_hash_buckets", ModelConfig().node_hash_buckets))
-    match_fields = ("identity_match_dim", "identity_match_depth", "neighbour_list_len")
     small_items = 0 < profile.destinations <= min(ITEM_SIDE_MAX, buckets)
-    if profile.bipartite and small_items and not any(f in explicit_config for f in match_fields):
-        per_item = profile.events / profile.destinations
-        if per_item >= MATCH_EVENTS_PER_ITEM_MIN:
-            auto.config.update(
-                identity_match_dim=128, identity_match_depth=3, neighbour_list_len=128
-            )
-            auto.reasons.append(
-                f"bipartite with {profile.destinations} destinations (<= {ITEM_SIDE_MAX}),"
-                f" {per_item:,.0f} training events each (>= {MATCH_EVENTS_PER_ITEM_MIN}):"
-                " identity match (width 128, depth 3) over lists of 128"
-            )
-        else:
-            auto.config.update(neighbour_list_len=128)
-            auto.reasons.append(
-                f"bipartite with {profile.destinations} destinations (<= {ITEM_SIDE_MAX}):"
-                f" lists of 128; {per_item:,.0f} training events per destination"
-                f" (< {MATCH_EVENTS_PER_ITEM_MIN}) are too few to learn each one's identity"
-                " (no identity match)"
-            )
+    if profile.bipartite and small_items and "neighbour_list_len" not in explicit_config:
+        auto.config.update(neighbour_list_len=128)
+        auto.reasons.append(
+            f"bipartite with {profile.destinations} destinations (<= {ITEM_SIDE_MAX}):"
+            " lists of 128 (no identity match: with the transition counts it memorises)"
+        )
     # The snapshot pair features, role counts and transition counts are pair features:
     # a model without them (the ablation's "state only") gets none of those rules.
     pair_features = bool(explicit_config.get("use_pair_features", True))

@@ -284,6 +284,17 @@ VARIANTS: dict[str, Variant] = {
         lambda full: {"role_counts": False},
         lambda full: bool(full.get("role_counts")),
     ),
+    # The identity match added back where the trainer chose lists of 128 for a small
+    # item side in continuous time (the streams it was a default on until 2026-11-28).
+    "identity_match": Variant(
+        "with the identity match (identity_match_dim=128, identity_match_depth=3)",
+        lambda full: {"identity_match_dim": 128, "identity_match_depth": 3},
+        lambda full: (
+            not full.get("identity_match_dim")
+            and full.get("neighbour_list_len") == 128
+            and bool(full.get("transition_decay"))
+        ),
+    ),
     # (the identity match comes with lists of 128: the row keeps the full model's lists)
     "no_identity_match": Variant(
         "without the identity match (identity_match_dim=0)",
@@ -729,7 +740,7 @@ def render(
             ept = tr.get("mean_epoch_time_s")
             cfg = tr.get("config", {})
             label = labels[variant]
-            if cfg.get("identity_match_dim"):
+            if cfg.get("identity_match_dim") and variant != "identity_match":
                 label += f" + identity match (width {cfg['identity_match_dim']}, depth {cfg.get('identity_match_depth', 1)})"
             w(
                 f"| {NAMES.get(s['dataset'], s['dataset'])} | {label} | {_pct(_get(r, 'random', 'ap'))} | "

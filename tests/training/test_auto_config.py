@@ -11,7 +11,6 @@ from training.auto_config import (
     DENSE_SNAPSHOT_NODE_EVENTS,
     HISTORICAL_SHARE,
     ITEM_SIDE_MAX,
-    MATCH_EVENTS_PER_ITEM_MIN,
     SNAPSHOT_GROUP_MIN,
     SNAPSHOT_LIST_MAX,
     SNAPSHOT_PATIENCE,
@@ -44,11 +43,10 @@ def test_profile_statistics_on_a_hand_made_stream() -> None:
     assert not StreamProfile.of(np.array([0, 5]), np.array([5, 0]), t[:2]).bipartite
 
 
-def test_bipartite_stream_with_few_items_gets_the_identity_match(data_dir) -> None:
+def test_bipartite_stream_with_few_items_gets_long_lists(data_dir) -> None:
     p = _profile(data_dir, "mooc")
     assert p.bipartite and p.destinations <= ITEM_SIDE_MAX
     chosen = choose_settings(p, {}, None)
-    assert chosen.config["identity_match_dim"] == 128
     assert chosen.config["neighbour_list_len"] == 128
     assert any("bipartite" in r for r in chosen.reasons)
     # ...and the transition counts: which items each item's visitors came from.
@@ -60,26 +58,26 @@ def test_bipartite_stream_with_few_items_gets_the_identity_match(data_dir) -> No
     assert any("decayed" in r for r in chosen.reasons)
 
 
-def test_the_identity_match_needs_enough_events_per_item(data_dir) -> None:
-    """Few training events per destination: lists of 128 without the match, which
-    would memorise each item's id rather than learn it (Wikipedia, ~100 a page)."""
+def test_no_stream_gets_the_identity_match(data_dir) -> None:
+    """Beside the transition counts the match's table only memorises which item follows
+    which (MOOC and Wikipedia, 3 seeds each): lists of 128 without it, however many
+    training events each item has; asked for, it is kept with the lists."""
     items = 40
-    for per_item, matched in (
-        (MATCH_EVENTS_PER_ITEM_MIN, True),
-        (MATCH_EVENTS_PER_ITEM_MIN - 1, False),
-    ):
+    for per_item in (100, 5000):
         n = items * per_item
         src = np.arange(n) % 997
         dst = 10_000 + np.arange(n) % items
         chosen = choose_settings(StreamProfile.of(src, dst, np.arange(float(n))), {}, None)
         assert chosen.config["neighbour_list_len"] == 128
-        assert ("identity_match_dim" in chosen.config) is matched
-        assert any(
-            ("no identity match" in r) is not matched for r in chosen.reasons if "bipartite" in r
+        assert "identity_match_dim" not in chosen.config
+        asked = choose_settings(
+            StreamProfile.of(src, dst, np.arange(float(n))), {"identity_match_dim": 128}, None
         )
-    wikipedia = _profile(data_dir, "wikipedia", limit=None)
-    assert wikipedia.events / wikipedia.destinations < MATCH_EVENTS_PER_ITEM_MIN
-    assert "identity_match_dim" not in choose_settings(wikipedia, {}, None).config
+        assert asked.config["neighbour_list_len"] == 128
+    for name in ("mooc", "wikipedia"):
+        assert (
+            "identity_match_dim" not in choose_settings(_profile(data_dir, name), {}, None).config
+        )
 
 
 def test_decayed_transition_counts_only_in_continuous_time() -> None:
@@ -180,8 +178,8 @@ def test_explicit_settings_win(data_dir) -> None:
     chosen = choose_settings(p, {"neighbour_list_len": 32, "transition_buckets": 0}, 0.0)
     assert chosen.config == {} and chosen.historical_negatives == 0.0
     assert "transition_decay" not in choose_settings(p, {"transition_decay": 0.0}, None).config
-    # Too many items for the hash buckets: no match.
-    assert "identity_match_dim" not in choose_settings(p, {"node_hash_buckets": 16}, None).config
+    # Too many items for the hash buckets: not a small item side, the lists stay short.
+    assert "neighbour_list_len" not in choose_settings(p, {"node_hash_buckets": 16}, None).config
 
 
 def test_a_model_without_pair_features_gets_no_pair_feature_rules(data_dir) -> None:

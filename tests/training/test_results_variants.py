@@ -39,7 +39,6 @@ COMPANIONS = {
 @pytest.mark.parametrize(
     ("stream", "variant", "lever"),
     [
-        ("mooc", "no_identity_match", "identity_match_dim"),
         ("mooc", "no_transitions", "transition_buckets"),
         ("mooc", "no_transition_decay", "transition_decay"),
         ("mooc", "no_transition_order2", "transition_order2"),
@@ -53,8 +52,8 @@ def test_a_row_takes_away_only_its_own_lever(data_dir, stream, variant, lever) -
     assert spec.applies(full) and full[lever]
     row = _chosen_config(data_dir, stream, spec.change(full))
     assert not row.get(lever)
-    # Everything else the trainer chose for the full model is kept (the identity
-    # match's lists of 128 included), except what the row itself names.
+    # Everything else the trainer chose for the full model is kept (the lists of 128
+    # included), except what the row itself names.
     changed = set(spec.change(full)) | COMPANIONS.get(lever, set())
     assert {k: v for k, v in full.items() if k not in changed} == {
         k: v for k, v in row.items() if k not in changed and k in full
@@ -65,6 +64,7 @@ def test_a_row_takes_away_only_its_own_lever(data_dir, stream, variant, lever) -
 def test_rows_without_anything_to_take_away_are_not_trained(data_dir) -> None:
     uci = _chosen_config(data_dir, "uci", {})
     rows = (
+        "identity_match",
         "no_identity_match",
         "no_transitions",
         "no_transition_decay",
@@ -76,3 +76,17 @@ def test_rows_without_anything_to_take_away_are_not_trained(data_dir) -> None:
     for variant in ("state_only", "features_only", "linear_time"):
         assert VARIANTS[variant].applies(uci), variant
     assert not VARIANTS["linear_time"].applies({"time_encoder": "linear"})
+
+
+def test_the_identity_match_row_adds_it_to_the_long_lists_only(data_dir) -> None:
+    """The lever no default takes any more, as a row that adds it back: the trainer's
+    choice for MOOC plus the match, nothing else changed; not on a stream without the
+    small item side's lists of 128, nor where the match is already on."""
+    full = _chosen_config(data_dir, "mooc", {})
+    spec = VARIANTS["identity_match"]
+    assert spec.applies(full) and not full.get("identity_match_dim")
+    row = _chosen_config(data_dir, "mooc", spec.change(full))
+    assert row["identity_match_dim"] == 128 and row["identity_match_depth"] == 3
+    assert {k: v for k, v in row.items() if not k.startswith("identity_match")} == full
+    assert not spec.applies(_chosen_config(data_dir, "uci", {}))
+    assert not spec.applies(row)

@@ -16,7 +16,6 @@ from model.events import endpoint_events
 from model.link_model import DygMambaLinkModel
 from model.node_state import NodeStates
 from model.streaming import NeighbourLists, advance, score
-from training.auto_config import MATCH_EVENTS_PER_ITEM_MIN
 from training.batches import IndexedStream, NodeEventIndex
 from training.data import chronological_split, read_edge_stream
 from training.replay import Queries, build_queries, replay
@@ -404,19 +403,15 @@ def test_batch_visibility_training_runs(uci_path, tmp_path) -> None:
 @pytest.mark.parametrize("auto", [True, False], ids=["auto", "no-auto"])
 def test_default_command_takes_settings_from_the_stream(data_dir, tmp_path, auto) -> None:
     """MOOC is bipartite with a small item side: the trainer chooses lists of 128 by
-    itself (auto_config), and the identity match where each item has enough training
-    events (not in this tiny slice of MOOC), records why, and --no-auto keeps the plain
-    defaults."""
+    itself (auto_config, without the identity match), records why, and --no-auto keeps
+    the plain defaults."""
     train(data_dir / "mooc" / "edges.csv.gz", tmp_path, epochs=1, auto=auto, **TINY_RUN)
     ckpt = load_checkpoint(tmp_path)
     chosen = ckpt.metrics["auto"]
     assert chosen["profile"]["bipartite"]
     if auto:
-        profile = chosen["profile"]
-        per_item = profile["events"] / profile["destinations"]
-        matched = per_item >= MATCH_EVENTS_PER_ITEM_MIN
         assert ckpt.config.neighbour_list_len == 128
-        assert ckpt.config.identity_match_dim == (128 if matched else 0)
+        assert ckpt.config.identity_match_dim == 0
         assert any("bipartite" in r for r in chosen["reasons"])
         assert ckpt.metrics["historical_negatives"] == chosen["historical_negatives"]
     else:
