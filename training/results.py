@@ -214,8 +214,7 @@ SHORT = {"random": "rnd", "historical": "hist", "inductive": "ind"}
 # Full protocol would be 100 epochs / patience 20 (paper); these fit 2 shared CPU cores.
 # Every dataset runs the default command (``dygserve train --data X``): at most
 # DEFAULT_MAX_EPOCHS epochs with early stopping, and the stream-dependent settings chosen
-# by the trainer from the training split (``training.auto_config``; MOOC's identity match
-# comes from there now). Only the MRR negatives per positive differ (K = 5 on the
+# by the trainer from the training split (``training.auto_config``). Only the MRR negatives per positive differ (K = 5 on the
 # bipartite streams, whose destination sides are small).
 _DEFAULT_BUDGET: dict[str, Any] = {
     "epochs": DEFAULT_MAX_EPOCHS,
@@ -850,8 +849,8 @@ DIFFERENCES = """## How our setting differs from the paper's
   smaller (d_model 32, 1 layer, d_state 16: ~73 k parameters before the hashed-id tables) than the paper's (2 blocks, d = 50-200, d_out 172).
 - **What the trainer adds, by stream** (`training/auto_config.py`, its reasons in each checkpoint's
   `metrics.json` under `auto`): historical training negatives where pairs recur; on bipartite streams with a
-  small item side, the identity match (learned embeddings of hashed node ids, a transductive signal the paper's
-  DyGFormer and DyG-Mamba do not use, while memory models such as TGN and JODIE keep per-node memories); on
+  small item side, lists of 128 (the identity match, learned embeddings of hashed node ids, is no longer
+  chosen: beside the transition counts it only memorised; its ablation row adds it back); on
   every bipartite stream, per-node transition counts (which item follows which; in continuous time also
   decayed over a twentieth of the training span, and kept a second time for the two items before); on
   snapshot streams, batch visibility, lists that hold a snapshot, snapshot pair features, per-node role
