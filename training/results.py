@@ -214,8 +214,9 @@ SHORT = {"random": "rnd", "historical": "hist", "inductive": "ind"}
 # Full protocol would be 100 epochs / patience 20 (paper); these fit 2 shared CPU cores.
 # Every dataset runs the default command (``dygserve train --data X``): at most
 # DEFAULT_MAX_EPOCHS epochs with early stopping, and the stream-dependent settings chosen
-# by the trainer from the training split (``training.auto_config``). Only the MRR negatives per positive differ (K = 5 on the
-# bipartite streams, whose destination sides are small).
+# by the trainer from the training split (``training.auto_config``). Only the MRR
+# negatives per positive differ (K = 5 on the bipartite streams, whose destination
+# sides are small).
 _DEFAULT_BUDGET: dict[str, Any] = {
     "epochs": DEFAULT_MAX_EPOCHS,
     "patience": None,  # the trainer's: DEFAULT_PATIENCE, or its snapshot rule's
