@@ -183,8 +183,6 @@ def run_node_classification(
     )
     summary = {
         "dataset": name,
-        # the first link's fields at the top level, as summaries with one link had them
-        **{k: v for k, v in links[0].items() if k != "link_seed"},
         "links": links,
         "train_config": cfg.model_dump(),
         "runs": runs,
@@ -373,7 +371,9 @@ def render_section(summaries: list[dict[str, Any]]) -> str:
         f"--nc-base {s['dataset']}={','.join(link['base'] for link in summary_links(s))}"
         for s in summaries
     )
-    seeds = ",".join(sorted({str(r["seed"]) for r in summaries[0]["runs"]})) if summaries else "0"
+    # each head seed once, in the order run (every link model ran the same seeds)
+    runs = summaries[0]["runs"] if summaries else []
+    seeds = ",".join(dict.fromkeys(str(r["seed"]) for r in runs)) or "0"
     w(
         f"python -m training.results --node-classification --datasets "
         f"{','.join(s['dataset'] for s in summaries)} {bases} --nc-seeds {seeds}"
