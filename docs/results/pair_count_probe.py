@@ -1,0 +1,149 @@
+"""What does a trained link model miss that a whole-history pair count holds? A probe.
+
+A checkpoint's streaming replay scores the validation and test events against one
+random destination each and one historical one (DyGLib's negatives, the evaluator's own queries and
+visibility). Beside each query this walks the stream in time order, counting from the
+events strictly before the query's time (a timestamp's queries before its events):
+
+* the exact number of earlier events between u and v (either direction);
+* the same count kept as a per-node hashed sketch: B float counts per node, event (u, v)
+  adds one to u's cell of v's bucket and to v's cell of u's bucket, and a query reads the
+  smaller of u's cell for v and v's cell for u (count-min over the two records);
+* the sketch with exponential decay (time constants a twentieth and a fifth of the
+  training span);
+* how often v is among u's last L neighbours and u among v's (L = 32, 128, 512): what
+  the model's neighbour lists already count.
+
+For each, a logistic regression on [the model's logit, the feature] is fitted on the
+validation queries with random negatives, and its global test AP with random and with
+historical negatives printed next to the model's own: what the feature adds to this
+model's ranking, and what re-weighting it for random negatives costs the historical
+ones; then the logit plus w times the exact count's feature over a range of w, the
+trade-off between the two. Results: docs/results/current-defaults.md,
+"Whole-history pair counts, probed".
+
+    python docs/results/pair_count_probe.py --checkpoint checkpoints/default \\
+        --data ../shared/data/uci [--buckets 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import deque
+
+import numpy as np
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import StandardScaler
+
+from model.checkpoint import load_checkpoint
+from training.evaluate import load_data, trained_visibility
+from training.metrics import average_precision
+from training.replay import build_queries, replay
+
+LIST_LENGTHS = (32, 128, 512)
+FRONTIER_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--data", required=True, help="dataset folder or edges.csv.gz")
+    ap.add_argument("--buckets", type=int, default=256)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    ckpt = load_checkpoint(args.checkpoint)
+    data, split = load_data(args.data)
+    q = build_queries(data, split, ("val", "test"), ("transductive",), ("random", "historical"), 0)
+    replay(ckpt.model, data, q, trained_visibility(ckpt.metrics))
+
+    n, b = data.num_nodes, args.buckets
+    span = float(data.t[split.train].max() - data.t[0])
+    taus = {"decayed over 0.05 of the span": 0.05 * span, "decayed over 0.2": 0.2 * span}
+    bucket = (np.arange(n, dtype=np.uint64) * np.uint64(2654435761) % np.uint64(2**32)).astype(
+        np.int64
+    ) % b
+    exact: dict[tuple[int, int], int] = {}
+    sketch = np.zeros((n, b))
+    decayed = {k: np.zeros((n, b)) for k in taus}
+    as_of = np.zeros(n)  # the time each node's decayed sketch is as of
+    lists = {L: [deque[int](maxlen=L) for _ in range(n)] for L in LIST_LENGTHS}
+    names = (
+        ["exact count", f"sketch of {b} buckets"]
+        + [f"sketch, {k}" for k in taus]
+        + [f"count in the last {L} list entries" for L in LIST_LENGTHS]
+    )
+    feats = np.zeros((len(q), len(names)))
+    order = np.argsort(q.t, kind="stable")
+    qt = q.t[order]
+    e, i = 0, 0
+    for time_now in np.unique(qt):
+        while e < len(data.t) and data.t[e] < time_now:
+            s, d, t = int(data.src[e]), int(data.dst[e]), float(data.t[e])
+            key = (min(s, d), max(s, d))
+            exact[key] = exact.get(key, 0) + 1
+            for a, other in ((s, d), (d, s)) if s != d else ((s, d),):
+                for k, tau in taus.items():
+                    decayed[k][a] *= np.exp(-(t - as_of[a]) / tau)
+                    decayed[k][a, bucket[other]] += 1
+                as_of[a] = t
+                sketch[a, bucket[other]] += 1
+                for L in LIST_LENGTHS:
+                    lists[L][a].append(other)
+            e += 1
+        j = i
+        while j < len(qt) and qt[j] == time_now:
+            j += 1
+        rows, i = order[i:j], j
+        u, v = q.src[rows].astype(int), q.dst[rows].astype(int)
+        col = [np.log1p([exact.get((min(a, c), max(a, c)), 0) for a, c in zip(u, v, strict=True)])]
+        col.append(np.log1p(np.minimum(sketch[u, bucket[v]], sketch[v, bucket[u]])))
+        for k, tau in taus.items():
+            du = decayed[k][u, bucket[v]] * np.exp(-(time_now - as_of[u]) / tau)
+            dv = decayed[k][v, bucket[u]] * np.exp(-(time_now - as_of[v]) / tau)
+            col.append(np.log1p(np.minimum(du, dv)))
+        for L in LIST_LENGTHS:
+            col.append(
+                np.log1p(
+                    [lists[L][a].count(c) + lists[L][c].count(a) for a, c in zip(u, v, strict=True)]
+                )
+            )
+        feats[rows] = np.stack(col, axis=1)
+
+    y = (q.kind == "pos").astype(int)
+
+    def rows_of(split_name: str, negatives: str) -> np.ndarray:
+        return ((q.kind == "pos") | (q.kind == negatives)) & (q.split == split_name)
+
+    val = rows_of("val", "random")
+    tests = {kind: rows_of("test", kind) for kind in ("random", "historical")}
+
+    def stacked_aps(cols: list[int]) -> str:
+        x = np.c_[q.logit[:, None], feats[:, cols]]
+        scale = StandardScaler().fit(x[val])
+        fit = LogisticRegression(max_iter=2000).fit(scale.transform(x[val]), y[val])
+        score = fit.decision_function(scale.transform(x))
+        return " / ".join(
+            f"{100 * average_precision(y[rows], score[rows]):.2f}" for rows in tests.values()
+        )
+
+    alone = " / ".join(
+        f"{100 * average_precision(y[rows], q.logit[rows]):.2f}" for rows in tests.values()
+    )
+    print(f"{args.data}: test AP (global), random / historical negatives")
+    print(f"  the model alone: {alone}")
+    for k, name in enumerate(names):
+        print(f"  + {name}: {stacked_aps([k])}")
+    # The trade-off itself: the logit plus w times the exact count's feature, for a
+    # range of w (w = 0 is the model; the fitted regressions above are one point each).
+    print("  logit + w * log(1 + exact count), random / historical:")
+    for w in FRONTIER_WEIGHTS:
+        score = q.logit + w * feats[:, 0]
+        aps = " / ".join(
+            f"{100 * average_precision(y[rows], score[rows]):.2f}" for rows in tests.values()
+        )
+        print(f"    w = {w:g}: {aps}")
+
+
+if __name__ == "__main__":
+    main()
