@@ -14,7 +14,10 @@ events strictly before the query's time (a timestamp's queries before its events
 * how often v is among u's last L neighbours and u among v's (L = 32, 128, 512): what
   the model's neighbour lists already count.
 
-For each, a logistic regression on [the model's logit, the feature] is fitted on the
+First the test positives and random negatives are grouped by whether the pair had met
+before (a repeat or a first meeting): the AUC between each pair of groups and each
+pair's share of the misranked (positive, negative) pairs. Then, for each feature, a
+logistic regression on [the model's logit, the feature] is fitted on the
 validation queries with random negatives, and its global test AP with random and with
 historical negatives printed next to the model's own: what the feature adds to this
 model's ranking, and what re-weighting it for random negatives costs the historical
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 from collections import deque
+from itertools import product
 
 import numpy as np
 import torch
@@ -38,7 +42,7 @@ from sklearn.preprocessing import StandardScaler
 
 from model.checkpoint import load_checkpoint
 from training.evaluate import load_data, trained_visibility
-from training.metrics import average_precision
+from training.metrics import average_precision, roc_auc
 from training.replay import build_queries, replay
 
 LIST_LENGTHS = (32, 128, 512)
@@ -130,6 +134,25 @@ def main() -> None:
     alone = " / ".join(
         f"{100 * average_precision(y[rows], q.logit[rows]):.2f}" for rows in tests.values()
     )
+    # Where the model's random-negative ranking fails: positives and negatives grouped
+    # by whether the pair had met before the query (exact count > 0).
+    met = feats[:, 0] > 0
+    pos, neg = (q.kind == "pos") & (q.split == "test"), (q.kind == "random") & (q.split == "test")
+    groups = {"repeat": met, "first meeting": ~met}
+    misranked = {}
+    for (pn, pm), (nn, nm) in product(groups.items(), groups.items()):
+        below = np.sort(q.logit[neg & nm])
+        above = q.logit[pos & pm]
+        misranked[pn, nn] = float((len(below) - np.searchsorted(below, above)).sum())
+        auc = roc_auc(np.r_[np.ones(len(above)), np.zeros(len(below))], np.r_[above, below])
+        print(
+            f"{pn} positives ({len(above)}) over {nn} negatives ({len(below)}): AUC {100 * auc:.2f}"
+        )
+    total = sum(misranked.values())
+    for (pn, nn), count in misranked.items():
+        print(
+            f"  {100 * count / total:.1f}% of misranked pairs: a {pn} positive under a {nn} negative"
+        )
     print(f"{args.data}: test AP (global), random / historical negatives")
     print(f"  the model alone: {alone}")
     for k, name in enumerate(names):
