@@ -41,6 +41,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 from model.checkpoint import load_checkpoint
+from model.transition_counts import bucket_of
 from training.evaluate import load_data, trained_visibility
 from training.metrics import average_precision, roc_auc
 from training.replay import build_queries, replay
@@ -64,9 +65,7 @@ def main() -> None:
     n, b = data.num_nodes, args.buckets
     span = float(data.t[split.train].max() - data.t[0])
     taus = {"decayed over 0.05 of the span": 0.05 * span, "decayed over 0.2": 0.2 * span}
-    bucket = (np.arange(n, dtype=np.uint64) * np.uint64(2654435761) % np.uint64(2**32)).astype(
-        np.int64
-    ) % b
+    bucket = bucket_of(data.keys, b)  # the node-key buckets the transition records use
     exact: dict[tuple[int, int], int] = {}
     sketch = np.zeros((n, b))
     decayed = {k: np.zeros((n, b)) for k in taus}
