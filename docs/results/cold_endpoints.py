@@ -23,12 +23,9 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-import torch
+from logit_probe import replayed_queries  # its neighbour in docs/results
 
-from model.checkpoint import load_checkpoint
 from training.data import chronological_split, read_edge_stream
-from training.evaluate import load_data, trained_visibility
-from training.replay import build_queries, replay
 
 STREAMS = ("uci", "wikipedia", "mooc", "uslegis", "canparl")
 FEW = 3  # "little history": fewer than this many earlier events
@@ -49,11 +46,7 @@ def prior_event_counts(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np
 
 def misranked_shares(checkpoint: Path, data_path: Path) -> None:
     """Each group's share of the test (positive, random negative) pairs ranked wrongly."""
-    torch.set_num_threads(1)
-    ckpt = load_checkpoint(checkpoint)
-    data, split = load_data(data_path)
-    q = build_queries(data, split, ("test",), ("transductive",), ("random",), 0)
-    replay(ckpt.model, data, q, trained_visibility(ckpt.metrics))
+    data, _, q = replayed_queries(checkpoint, data_path, ("test",), ("random",))
     before_src, before_dst = prior_event_counts(data.src, data.dst)
     pos, neg = q.kind == "pos", q.kind == "random"
     negatives = np.sort(q.logit[neg])

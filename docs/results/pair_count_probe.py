@@ -36,15 +36,10 @@ from collections import deque
 from itertools import product
 
 import numpy as np
-import torch
-from sklearn.linear_model import LogisticRegression
-from sklearn.preprocessing import StandardScaler
+from logit_probe import StackedProbe, replayed_queries  # its neighbour in docs/results
 
-from model.checkpoint import load_checkpoint
 from model.transition_counts import bucket_of
-from training.evaluate import load_data, trained_visibility
-from training.metrics import average_precision, roc_auc
-from training.replay import build_queries, replay
+from training.metrics import roc_auc
 
 LIST_LENGTHS = (32, 128, 512)
 FRONTIER_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
@@ -56,11 +51,7 @@ def main() -> None:
     ap.add_argument("--data", required=True, help="dataset folder or edges.csv.gz")
     ap.add_argument("--buckets", type=int, default=256)
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    ckpt = load_checkpoint(args.checkpoint)
-    data, split = load_data(args.data)
-    q = build_queries(data, split, ("val", "test"), ("transductive",), ("random", "historical"), 0)
-    replay(ckpt.model, data, q, trained_visibility(ckpt.metrics))
+    data, split, q = replayed_queries(args.checkpoint, args.data)
 
     n, b = data.num_nodes, args.buckets
     span = float(data.t[split.train].max() - data.t[0])
@@ -113,26 +104,7 @@ def main() -> None:
             )
         feats[rows] = np.stack(col, axis=1)
 
-    y = (q.kind == "pos").astype(int)
-
-    def rows_of(split_name: str, negatives: str) -> np.ndarray:
-        return ((q.kind == "pos") | (q.kind == negatives)) & (q.split == split_name)
-
-    val = rows_of("val", "random")
-    tests = {kind: rows_of("test", kind) for kind in ("random", "historical")}
-
-    def stacked_aps(cols: list[int]) -> str:
-        x = np.c_[q.logit[:, None], feats[:, cols]]
-        scale = StandardScaler().fit(x[val])
-        fit = LogisticRegression(max_iter=2000).fit(scale.transform(x[val]), y[val])
-        score = fit.decision_function(scale.transform(x))
-        return " / ".join(
-            f"{100 * average_precision(y[rows], score[rows]):.2f}" for rows in tests.values()
-        )
-
-    alone = " / ".join(
-        f"{100 * average_precision(y[rows], q.logit[rows]):.2f}" for rows in tests.values()
-    )
+    probe = StackedProbe(q)
     # Where the model's random-negative ranking fails: positives and negatives grouped
     # by whether the pair had met before the query (exact count > 0).
     met = feats[:, 0] > 0
@@ -153,18 +125,14 @@ def main() -> None:
             f"  {100 * count / total:.1f}% of misranked pairs: a {pn} positive under a {nn} negative"
         )
     print(f"{args.data}: test AP (global), random / historical negatives")
-    print(f"  the model alone: {alone}")
+    print(f"  the model alone: {probe.aps(q.logit)}")
     for k, name in enumerate(names):
-        print(f"  + {name}: {stacked_aps([k])}")
+        print(f"  + {name}: {probe.stacked(feats[:, [k]])}")
     # The trade-off itself: the logit plus w times the exact count's feature, for a
     # range of w (w = 0 is the model; the fitted regressions above are one point each).
     print("  logit + w * log(1 + exact count), random / historical:")
     for w in FRONTIER_WEIGHTS:
-        score = q.logit + w * feats[:, 0]
-        aps = " / ".join(
-            f"{100 * average_precision(y[rows], score[rows]):.2f}" for rows in tests.values()
-        )
-        print(f"    w = {w:g}: {aps}")
+        print(f"    w = {w:g}: {probe.aps(q.logit + w * feats[:, 0])}")
 
 
 if __name__ == "__main__":

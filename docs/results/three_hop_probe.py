@@ -36,14 +36,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-import torch
-from sklearn.linear_model import LogisticRegression
-from sklearn.preprocessing import StandardScaler
-
-from model.checkpoint import load_checkpoint
-from training.evaluate import load_data, trained_visibility
-from training.metrics import average_precision
-from training.replay import build_queries, replay
+from logit_probe import StackedProbe, replayed_queries  # its neighbour in docs/results
 
 EMPTY = -1
 
@@ -77,11 +70,7 @@ def main() -> None:
     ap.add_argument("--data", required=True, help="dataset folder or edges.csv.gz")
     ap.add_argument("--list-len", type=int, default=32)
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    ckpt = load_checkpoint(args.checkpoint)
-    data, split = load_data(args.data)
-    q = build_queries(data, split, ("val", "test"), ("transductive",), ("random", "historical"), 0)
-    replay(ckpt.model, data, q, trained_visibility(ckpt.metrics))
+    data, _, q = replayed_queries(args.checkpoint, args.data)
 
     n, length = data.num_nodes, args.list_len
     # every node's last ``length`` neighbours, oldest first; row n stays empty
@@ -103,25 +92,7 @@ def main() -> None:
         rows, i = order[i:j], j
         counts[rows] = walk_counts(lists, q.src[rows].astype(int), q.dst[rows].astype(int))
     feats = np.log1p(counts)
-
-    y = (q.kind == "pos").astype(int)
-
-    def rows_of(split_name: str, negatives: str) -> np.ndarray:
-        return ((q.kind == "pos") | (q.kind == negatives)) & (q.split == split_name)
-
-    val = rows_of("val", "random")
-    tests = {kind: rows_of("test", kind) for kind in ("random", "historical")}
-
-    def aps(score: np.ndarray) -> str:
-        return " / ".join(
-            f"{100 * average_precision(y[rows], score[rows]):.2f}" for rows in tests.values()
-        )
-
-    def stacked(cols: list[int]) -> str:
-        x = np.c_[q.logit[:, None], feats[:, cols]]
-        scale = StandardScaler().fit(x[val])
-        fit = LogisticRegression(max_iter=2000).fit(scale.transform(x[val]), y[val])
-        return aps(fit.decision_function(scale.transform(x)))
+    probe = StackedProbe(q)
 
     pos = (q.kind == "pos") & (q.split == "test")
     print(f"{args.data}: lists of {length}; test positives with a three-hop walk:")
@@ -129,10 +100,10 @@ def main() -> None:
         f"  {100 * (counts[pos, 1] > 0).mean():.1f}% (two-hop: {100 * (counts[pos, 0] > 0).mean():.1f}%)"
     )
     print("test AP (global), random / historical negatives")
-    print(f"  the model alone: {aps(q.logit)}")
-    print(f"  + two-hop walks (the control): {stacked([0])}")
-    print(f"  + three-hop walks: {stacked([1])}")
-    print(f"  + both: {stacked([0, 1])}")
+    print(f"  the model alone: {probe.aps(q.logit)}")
+    print(f"  + two-hop walks (the control): {probe.stacked(feats[:, [0]])}")
+    print(f"  + three-hop walks: {probe.stacked(feats[:, [1]])}")
+    print(f"  + both: {probe.stacked(feats)}")
 
 
 if __name__ == "__main__":
