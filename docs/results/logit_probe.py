@@ -9,6 +9,7 @@ global test AP with random and historical negatives, as ``pair_count_probe.py`` 
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,6 +26,14 @@ from training.metrics import average_precision
 from training.replay import Queries, build_queries, replay
 
 TEST_NEGATIVES = ("random", "historical")
+
+
+def checkpoint_parser(doc: str) -> argparse.ArgumentParser:
+    """A probe's command line: a checkpoint, its stream, and the probe's own options."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--data", required=True, help="dataset folder or edges.csv.gz")
+    return ap
 
 
 def replayed_queries(

@@ -31,12 +31,15 @@ trade-off between the two. Results: docs/results/current-defaults.md,
 
 from __future__ import annotations
 
-import argparse
 from collections import deque
 from itertools import product
 
 import numpy as np
-from logit_probe import StackedProbe, replayed_queries  # its neighbour in docs/results
+from logit_probe import (
+    StackedProbe,
+    checkpoint_parser,
+    replayed_queries,
+)  # its neighbour in docs/results
 
 from model.transition_counts import bucket_of
 from training.metrics import roc_auc
@@ -46,9 +49,7 @@ FRONTIER_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--data", required=True, help="dataset folder or edges.csv.gz")
+    ap = checkpoint_parser(__doc__)
     ap.add_argument("--buckets", type=int, default=256)
     args = ap.parse_args()
     data, split, q = replayed_queries(args.checkpoint, args.data)

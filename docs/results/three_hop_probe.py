@@ -33,10 +33,12 @@ docs/results/current-defaults.md, "Levers read but not built".
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
-from logit_probe import StackedProbe, replayed_queries  # its neighbour in docs/results
+from logit_probe import (
+    StackedProbe,
+    checkpoint_parser,
+    replayed_queries,
+)  # its neighbour in docs/results
 
 EMPTY = -1
 
@@ -65,9 +67,7 @@ def walk_counts(lists: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--data", required=True, help="dataset folder or edges.csv.gz")
+    ap = checkpoint_parser(__doc__)
     ap.add_argument("--list-len", type=int, default=32)
     args = ap.parse_args()
     data, _, q = replayed_queries(args.checkpoint, args.data)
