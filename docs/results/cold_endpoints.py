@@ -26,8 +26,8 @@ import numpy as np
 from logit_probe import replayed_queries  # its neighbour in docs/results
 
 from training.data import chronological_split, read_edge_stream
+from training.results import NAMES as STREAMS  # the five streams of docs/RESULTS.md
 
-STREAMS = ("uci", "wikipedia", "mooc", "uslegis", "canparl")
 FEW = 3  # "little history": fewer than this many earlier events
 
 
@@ -51,11 +51,9 @@ def misranked_shares(checkpoint: Path, data_path: Path) -> None:
     pos, neg = q.kind == "pos", q.kind == "random"
     negatives = np.sort(q.logit[neg])
     # per positive: negatives above it, ties counted half (AUC's convention)
-    above = len(negatives) - np.searchsorted(negatives, q.logit[pos], side="right")
-    tied = np.searchsorted(negatives, q.logit[pos], side="right") - np.searchsorted(
-        negatives, q.logit[pos], side="left"
-    )
-    wrong = above + 0.5 * tied
+    at_or_below = np.searchsorted(negatives, q.logit[pos], side="right")
+    below = np.searchsorted(negatives, q.logit[pos], side="left")
+    wrong = (len(negatives) - at_or_below) + 0.5 * (at_or_below - below)
     history = np.minimum(before_src, before_dst)[q.event[pos]]
     total = wrong.sum()
     auc = 1.0 - total / (len(negatives) * pos.sum())
